@@ -1,0 +1,13 @@
+"""fdp: exact, fast f-DP and privacy-loss-distribution accounting.
+
+Tradeoff curves (Dong-Roth-Su f-DP), mechanisms (Gaussian, Laplace, randomized
+response, generic, and the JL mechanism of DP-SGD-JL), and a PLD accountant that
+composes them by FFT with certified lower and upper bounds.
+"""
+
+__version__ = "0.1.0"
+
+from fdp.accountant import PLDAccountant
+from fdp.mechanisms.base import Mechanism
+from fdp.mechanisms.gaussian import Gaussian
+from fdp.pld.cells import Direction

@@ -1,0 +1,77 @@
+"""What every mechanism tells the accountant.
+
+A mechanism is a frozen record of its parameters (an *event*, STYLE.md 2). It
+describes ONE step of a Poisson-subsampled release: P0 is its output law
+without the individual, P1 with it, and the two neighbouring relations give
+the pairs (DESIGN.md, "Two directions"):
+
+    remove: P = (1-p) P0 + p P1,  Q = P0
+    add:    P = P0,               Q = (1-p) P0 + p P1
+
+Each mechanism reports the privacy loss L = log(dP/dQ)(X), X ~ P, of either
+pair binned on a loss grid (:class:`fdp.pld.cells.LossCells`), and a loss range
+outside which each tail is below a given mass. Mechanisms whose PLD is only
+known up to a bound (the JL mechanism) return cells of a *dominating* pair when
+``pessimistic`` is True and of a *dominated* pair otherwise.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+from fdp.pld.cells import Direction, Grid, LossCells
+
+__all__ = ["Mechanism", "register_mechanism", "mechanism_from_dict"]
+
+_REGISTRY: dict[str, type["Mechanism"]] = {}
+
+
+def register_mechanism(cls: type["Mechanism"]) -> type["Mechanism"]:
+    """Class decorator: make ``cls`` known to :func:`mechanism_from_dict` (JSON)."""
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def mechanism_from_dict(data: dict[str, Any]) -> "Mechanism":
+    """Inverse of :meth:`Mechanism.to_dict`."""
+    kind = data.get("kind")
+    if kind not in _REGISTRY:
+        raise ValueError(f"unknown mechanism kind {kind!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[kind].from_dict(data)
+
+
+class Mechanism(abc.ABC):
+    """One step of a (Poisson-subsampled) mechanism; subclasses are frozen dataclasses."""
+
+    kind: ClassVar[str] = ""
+    sampling_rate: float
+
+    @abc.abstractmethod
+    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool) -> LossCells:
+        """P-measure of the privacy loss of ``direction``'s pair on the cells of ``grid``."""
+
+    @abc.abstractmethod
+    def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
+        """(lo, hi) with P(L < lo) <= tail_mass and P(hi < L < inf) <= tail_mass."""
+
+    @abc.abstractmethod
+    def tradeoff(self):  # -> fdp.TradeoffCurve
+        """Tradeoff curve of ONE step without subsampling (the seed's f)."""
+
+    def is_symmetric(self) -> bool:
+        """True if without subsampling the two directions have the same PLD.
+
+        Symmetric mechanisms at sampling_rate 1 need only one direction accounted.
+        """
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        return {"kind": self.kind, **dataclasses.asdict(self)}  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Mechanism":
+        fields = {k: v for k, v in data.items() if k != "kind"}
+        return cls(**fields)  # type: ignore[call-arg]

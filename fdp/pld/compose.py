@@ -1,0 +1,164 @@
+"""Composition of discrete PLDs by one FFT, with the wrap-around mass accounted.
+
+Composing independent mechanisms adds their privacy losses, so the composed PLD
+is the convolution of the single-step ones; atoms at +inf compose as
+
+    p_inf = 1 - prod_c (1 - p_inf_c)^{T_c}.                                  (1)
+
+The finite parts are convolved in one go: rfft of each (folded onto N points),
+raised to its count T_c, multiplied, one irfft. An FFT convolution is circular:
+composed mass outside the window [t_lo, t_hi] of N points wraps around and lands
+*somewhere* inside it. We bound that mass with a Chernoff bound computed from the
+exact moment generating function of the discretised losses,
+
+    P(S >= t) <= exp(sum_c T_c K_c(lam) - lam t),  K_c(lam) = log E[e^{lam L_c}],  (2)
+    P(S <= t) <= exp(sum_c T_c K_c(-lam) + lam t),
+
+and charge it: added to +inf for a pessimistic PLD (delta can only grow), and
+subtracted from delta for an optimistic one (delta can only shrink). Float
+round-off of the FFT is estimated from the negative entries it produces and
+charged the same way. The window is chosen so that (2) is below ``tail_mass``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.fft
+
+from fdp.pld.pmf import DiscretePLD
+
+__all__ = ["compose", "composed_window", "MAX_FFT_POINTS"]
+
+#: Largest FFT the accountant allocates (2^23 points: ~64 MiB per real array).
+MAX_FFT_POINTS = 1 << 23
+
+
+def _log_tail_bounds(
+    components: Sequence[tuple[DiscretePLD, int]], lam: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """sum_c T_c K_c(lam) and sum_c T_c K_c(-lam) for lam > 0."""
+    up = np.zeros_like(lam)
+    down = np.zeros_like(lam)
+    for pld, count in components:
+        up += count * pld.log_mgf(lam)
+        down += count * pld.log_mgf(-lam)
+    return up, down
+
+
+def composed_window(
+    components: Sequence[tuple[DiscretePLD, int]], tail_mass: float
+) -> tuple[float, float, float, float]:
+    """Loss window [t_lo, t_hi] outside which each tail of the composed PLD is <= tail_mass.
+
+    Returns (t_lo, t_hi, bound_lo, bound_hi) where bound_* are the Chernoff
+    bounds (2) on the mass below t_lo / above t_hi actually achieved.
+    """
+    h = components[0][0].h
+    support_lo = sum(c * pld.offset for pld, c in components) * h
+    support_hi = sum(c * (pld.offset + pld.pmf.size - 1) for pld, c in components) * h
+    var = sum(c * pld.variance() for pld, c in components)
+    scale = max(math.sqrt(var), h)
+    log_tau = math.log(tail_mass)
+    # coarse-to-fine search over lam on a log scale around 1/scale
+    lam = np.logspace(-2, 3.5, 16) / scale
+    up, down = _log_tail_bounds(components, lam)
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi_cands = (up - log_tau) / lam
+        lo_cands = (log_tau - down) / lam
+    i_hi = int(np.nanargmin(np.where(np.isfinite(hi_cands), hi_cands, np.inf)))
+    i_lo = int(np.nanargmax(np.where(np.isfinite(lo_cands), lo_cands, -np.inf)))
+    fine_hi = lam[i_hi] * np.logspace(-0.2, 0.2, 7)
+    fine_lo = lam[i_lo] * np.logspace(-0.2, 0.2, 7)
+    up_f, _ = _log_tail_bounds(components, fine_hi)
+    _, down_f = _log_tail_bounds(components, fine_lo)
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi_f = (up_f - log_tau) / fine_hi
+        lo_f = (log_tau - down_f) / fine_lo
+    j_hi = int(np.argmin(np.where(np.isfinite(hi_f), hi_f, np.inf)))
+    j_lo = int(np.argmax(np.where(np.isfinite(lo_f), lo_f, -np.inf)))
+    t_hi = min(float(hi_f[j_hi]), support_hi)
+    t_lo = max(float(lo_f[j_lo]), support_lo)
+    if not (np.isfinite(t_hi) and np.isfinite(t_lo)):
+        t_lo, t_hi = support_lo, support_hi
+    t_hi = max(t_hi, t_lo + h)
+    # the bounds actually achieved at the (clipped) window ends
+    bound_hi = 0.0 if t_hi >= support_hi else float(
+        np.exp(min(0.0, up_f[j_hi] - fine_hi[j_hi] * t_hi))
+    )
+    bound_lo = 0.0 if t_lo <= support_lo else float(
+        np.exp(min(0.0, down_f[j_lo] + fine_lo[j_lo] * t_lo))
+    )
+    return t_lo, t_hi, bound_lo, bound_hi
+
+
+def compose(
+    components: Sequence[tuple[DiscretePLD, int]],
+    *,
+    pessimistic: bool,
+    tail_mass: float = 1e-15,
+    max_points: int = MAX_FFT_POINTS,
+) -> DiscretePLD:
+    """Compose ``count`` copies of each PLD; all must share the grid spacing h.
+
+    Args:
+      components: (pld, count) pairs, count >= 1.
+      pessimistic: charge the wrap-around/round-off mass so that delta is an upper
+        bound (True) or a lower bound (False) of the exact composition of the inputs.
+      tail_mass: target Chernoff bound on each tail outside the FFT window.
+      max_points: refuse (ValueError) windows that need a larger FFT.
+    """
+    components = [(pld, int(c)) for pld, c in components if int(c) > 0]
+    if not components:
+        raise ValueError("compose needs at least one (pld, count) with count >= 1")
+    h = components[0][0].h
+    if any(not math.isclose(pld.h, h, rel_tol=1e-12) for pld, _ in components):
+        raise ValueError("all PLDs must be discretised with the same grid spacing h")
+
+    # (1): infinity masses, in log space so that 10^12 steps stay exact
+    log_keep = sum(c * math.log1p(-min(pld.p_inf, 1.0)) if pld.p_inf < 1.0 else -math.inf
+                   for pld, c in components)
+    p_inf = -math.expm1(log_keep) if log_keep > -math.inf else 1.0
+    shift = sum(c * pld.delta_shift for pld, c in components)
+
+    t_lo, t_hi, bound_lo, bound_hi = composed_window(components, tail_mass)
+    w0 = math.floor(t_lo / h + 1e-9)
+    w1 = math.ceil(t_hi / h - 1e-9)
+    needed = w1 - w0 + 1
+    if needed > max_points:
+        raise ValueError(
+            f"the composed privacy loss spans {needed} grid points at spacing h={h:g}, "
+            f"more than max_points={max_points}; use a coarser grid (larger h)"
+        )
+    n_fft = scipy.fft.next_fast_len(needed, real=True)
+
+    spectrum = None
+    base = 0
+    for pld, count in components:
+        folded = _fold(pld.pmf, n_fft)
+        f = scipy.fft.rfft(folded)
+        f = f**count if count > 1 else f
+        spectrum = f if spectrum is None else spectrum * f
+        base += count * pld.offset
+    out = scipy.fft.irfft(spectrum, n=n_fft)
+    out = np.roll(out, -((w0 - base) % n_fft))[:needed]
+
+    # round-off: the exact result is >= 0, so negative entries measure the FFT error
+    noise = max(0.0, -float(out.min()), 4.0 * np.finfo(float).eps * float(np.abs(out).max()))
+    out = np.clip(out, 0.0, None)
+    charge = bound_lo + bound_hi + noise * needed
+    if pessimistic:
+        return DiscretePLD(h=h, offset=w0, pmf=out, p_inf=min(1.0, p_inf + charge), delta_shift=shift)
+    return DiscretePLD(h=h, offset=w0, pmf=out, p_inf=p_inf, delta_shift=shift - charge)
+
+
+def _fold(pmf: np.ndarray, n: int) -> np.ndarray:
+    """pmf folded modulo n (circular wrap of a support longer than the FFT)."""
+    if pmf.size <= n:
+        out = np.zeros(n)
+        out[: pmf.size] = pmf
+        return out
+    pad = (-pmf.size) % n
+    return np.concatenate([pmf, np.zeros(pad)]).reshape(-1, n).sum(axis=0)

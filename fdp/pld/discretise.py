@@ -1,0 +1,257 @@
+"""Sound, drift-free discretisations of a privacy-loss distribution.
+
+Both discretisations put atoms on the grid points ell_k = (offset + k) h and are
+*exact garblings in likelihood-ratio space*, so composing them T times has no
+error that grows with T beyond the per-step one (no "rounding drift").
+
+Pessimistic (connect-the-dots, Doroshenko et al. 2022, arXiv:2207.04380v1, Sec. 4)
+    Every outcome of cell k, with likelihood ratio R in [x_k, x_{k+1}] (x = e^ell),
+    is split at random into the two end points so that its P-mass and Q-mass are
+    kept: a fraction (x_{k+1} - R)/(x_{k+1} - x_k) of its Q-mass goes to x_k, the
+    rest to x_{k+1}. The original pair is a post-processing of the split pair
+    (merge the two atoms back), hence the split pair *dominates* it: its delta(eps)
+    is >= the truth for every eps, and so is the delta of its T-fold composition
+    (composition is monotone, Dong-Roth-Su 2019, arXiv:1905.02383v3, Thm 4).
+    Summed over the cell, the P-mass sent to the right end point is
+
+        right_k = e^h / (e^h - 1) * u_cell[k],   left_k = p_cell[k] - right_k.
+
+    The left tail (L <= ell_0) is moved up to ell_0 (losses only increase), and the
+    right tail (L > ell_n) goes to +inf; both are pessimistic by coupling.
+
+Optimistic (merging; this module)
+    Merging outcomes is a post-processing, so a merged pair is *dominated* by the
+    truth. Sweeping the grid from left to right, we merge the mass below each grid
+    point (ratio < x_k) with just enough of the mass above it (ratio > x_k) that
+    the merged atom has likelihood ratio exactly x_k: with the deficit
+    D = x_k Q(S) - P(S) of what is carried in and the excess U = P(S') - x_k Q(S')
+    of the next cell, a fraction theta = D / U of that cell is merged. When the
+    next cell's excess cannot balance the carry, the unbalanced rest of the carry
+    is rounded *down* to the grid point below it (its loss only decreases:
+    optimistic by coupling, Lemma: delta of a composition is monotone in each
+    loss). For smooth PLDs the rounded mass is O(h) of a cell, so the drift is
+    O(h^2) per step, the same order as the connect-the-dots error. The merged
+    atoms keep P-mass and Q-mass, so before rounding the result is a valid pair
+    dominated by the truth; its delta(eps) is <= the truth for every eps.
+
+Notation: u_cell, p_cell etc. are defined in :mod:`fdp.pld.cells`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from fdp.pld.cells import LossCells
+from fdp.pld.pmf import DiscretePLD
+
+__all__ = ["discretise_pessimistic", "discretise_optimistic"]
+
+#: Above this grid spacing the merging sweep's factors e^h overflow; use rounding down.
+_FLOOR_ONLY_SPACING = 30.0
+
+
+def discretise_pessimistic(cells: LossCells) -> DiscretePLD:
+    """Connect-the-dots discretisation: delta(eps) >= truth for every eps."""
+    h = cells.grid.h
+    factor = 1.0 / -math.expm1(-h)  # e^h / (e^h - 1)
+    right = np.minimum(factor * np.clip(cells.u_cell, 0.0, None), cells.p_cell)
+    left = cells.p_cell - right
+    pmf = np.zeros(cells.grid.n + 1)
+    pmf[:-1] += left
+    pmf[1:] += right
+    pmf[0] += cells.p_left
+    return DiscretePLD(
+        h=h,
+        offset=cells.grid.offset,
+        pmf=pmf,
+        p_inf=min(1.0, cells.p_right + cells.p_inf),
+    )
+
+
+def discretise_optimistic(cells: LossCells) -> DiscretePLD:
+    """Merging discretisation: delta(eps) <= truth for every eps."""
+    h = cells.grid.h
+    if h > _FLOOR_ONLY_SPACING:
+        # cells so wide that e^h overflows: round every loss down to its grid point
+        # (optimistic by coupling; the relative error h / loss is then negligible)
+        pmf = np.zeros(cells.grid.n + 1)
+        pmf[:-1] = cells.p_cell
+        pmf[-1] = cells.p_right
+        return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf))
+    pmf = _merge_sweep(
+        h,
+        np.ascontiguousarray(cells.p_cell, dtype=np.float64),
+        np.ascontiguousarray(cells.u_cell, dtype=np.float64),
+        float(cells.p_left),
+        float(cells.d_left),
+        float(cells.p_right),
+        float(cells.u_right),
+    )
+    return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf))
+
+
+@njit(cache=True)
+def _left_sweep(h, p_cell, u_cell, p_left, d_left, stop, pmf, floors):  # pragma: no cover - numba
+    """Left-to-right merging over grid points 0..stop-1 (cells 0..stop-1).
+
+    Carry into x_k: a fraction of cell k-1 (the left tail for k = 0) with P-mass cp
+    and deficit cd = x_k Q - P >= 0; cell k brings excess u = P - x_k Q >= 0.
+    ``floors[k]`` receives the P-mass rounded down before point k. Returns the carry
+    (cp, cd) into x_stop. Writes atoms into ``pmf`` when it is not None.
+    """
+    em1 = math.expm1(h)
+    eh = em1 + 1.0
+    cp = p_left
+    cd = max(d_left, 0.0)
+    floored = 0.0
+    for k in range(stop):
+        floors[k] = floored
+        p = p_cell[k]
+        u = min(max(u_cell[k], 0.0), p)
+        if cd <= u:
+            theta = cd / u if u > 0.0 else 0.0
+            pmf[k] += cp + theta * p
+            rest = 1.0 - theta
+            cp = rest * p
+            cd = rest * max(em1 * p - eh * u, 0.0)
+        else:
+            phi = u / cd
+            pmf[k] += phi * cp + p
+            if k > 0:
+                pmf[k - 1] += (1.0 - phi) * cp
+            floored += (1.0 - phi) * cp
+            cp = 0.0
+            cd = 0.0
+    floors[stop] = floored
+    return cp, cd
+
+
+@njit(cache=True)
+def _right_sweep(h, p_cell, u_cell, p_right, u_right, stop, pmf, floors):  # pragma: no cover - numba
+    """Right-to-left merging over grid points n..stop+1 (cells n-1..stop).
+
+    Carry into x_k: a fraction of cell k (the right tail for k = n) with P-mass rp and
+    excess re = P - x_k Q >= 0; cell k-1 brings deficit a = (e^h - 1) p - e^h u.
+    ``floors[k]`` receives the P-mass rounded down at points > k. Returns the carry
+    (rp, re) into x_stop.
+    """
+    n = p_cell.shape[0]
+    em1 = math.expm1(h)
+    eh = em1 + 1.0
+    rp = p_right
+    re = min(max(u_right, 0.0), p_right)
+    floored = 0.0
+    floors[n] = 0.0
+    for k in range(n, stop, -1):
+        p = p_cell[k - 1]
+        u = min(max(u_cell[k - 1], 0.0), p)
+        a = max(em1 * p - eh * u, 0.0)
+        if re <= a:
+            theta = re / a if a > 0.0 else 0.0
+            pmf[k] += rp + theta * p
+            rest = 1.0 - theta
+            rp = rest * p
+            re = rest * u
+        else:
+            # all of cell k-1 balances part of the carry; the rest (ratio > x_k) rounds down
+            phi = a / re
+            floored += (1.0 - phi) * rp
+            pmf[k] += rp + p
+            rp = 0.0
+            re = 0.0
+        floors[k - 1] = floored
+    return rp, re
+
+
+@njit(cache=True)
+def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma: no cover - numba
+    """Two merging sweeps that meet at a grid point m. Returns the pmf on n+1 points.
+
+    Where the density increases the sweep must run left to right, where it
+    decreases right to left: then the carried rest shrinks from cell to cell and
+    balancing rarely fails (the other way round it fails every other cell). The
+    meeting point m is chosen to minimise the total P-mass rounded down (each
+    rounding moves mass down by less than one cell). At m the two carries are
+    balanced against each other and what is left is rounded down.
+    """
+    n = p_cell.shape[0]
+    scratch = np.zeros(n + 1)
+    left_floors = np.zeros(n + 1)
+    right_floors = np.zeros(n + 1)
+    left_cp = np.zeros(n + 1)
+    left_cd = np.zeros(n + 1)
+    # forward pass: carry state before every point
+    em1 = math.expm1(h)
+    eh = em1 + 1.0
+    cp = p_left
+    cd = max(d_left, 0.0)
+    floored = 0.0
+    for k in range(n + 1):
+        left_cp[k] = cp
+        left_cd[k] = cd
+        left_floors[k] = floored
+        if k == n:
+            break
+        p = p_cell[k]
+        u = min(max(u_cell[k], 0.0), p)
+        if cd <= u:
+            theta = cd / u if u > 0.0 else 0.0
+            rest = 1.0 - theta
+            cp = rest * p
+            cd = rest * max(em1 * p - eh * u, 0.0)
+        else:
+            floored += (1.0 - u / cd) * cp
+            cp = 0.0
+            cd = 0.0
+    # backward pass: carry state after every point
+    right_cp = np.zeros(n + 1)
+    right_re = np.zeros(n + 1)
+    rp = p_right
+    re = min(max(u_right, 0.0), p_right)
+    floored = 0.0
+    right_cp[n] = rp
+    right_re[n] = re
+    for k in range(n, 0, -1):
+        p = p_cell[k - 1]
+        u = min(max(u_cell[k - 1], 0.0), p)
+        a = max(em1 * p - eh * u, 0.0)
+        if re <= a:
+            theta = re / a if a > 0.0 else 0.0
+            rest = 1.0 - theta
+            rp = rest * p
+            re = rest * u
+        else:
+            floored += (1.0 - a / re) * rp
+            rp = 0.0
+            re = 0.0
+        right_floors[k - 1] = floored
+        right_cp[k - 1] = rp
+        right_re[k - 1] = re
+    best = 0
+    best_cost = math.inf
+    for m in range(n + 1):
+        cdm = left_cd[m]
+        rem = right_re[m]
+        if cdm <= rem:
+            junction = (1.0 - cdm / rem) * right_cp[m] if rem > 0.0 else right_cp[m]
+        else:
+            junction = (1.0 - rem / cdm) * left_cp[m]
+        cost = left_floors[m] + right_floors[m] + junction
+        if cost < best_cost:
+            best_cost = cost
+            best = m
+    m = best
+    pmf = np.zeros(n + 1)
+    cp, cd = _left_sweep(h, p_cell, u_cell, p_left, d_left, m, pmf, scratch)
+    rp, re = _right_sweep(h, p_cell, u_cell, p_right, u_right, m, pmf, scratch)
+    if cd <= re:
+        pmf[m] += cp + rp  # the rest of the right carry (ratio in [x_m, x_{m+1}]) rounds down
+    else:
+        phi = re / cd
+        pmf[m] += phi * cp + rp
+        if m > 0:
+            pmf[m - 1] += (1.0 - phi) * cp
+    return pmf
