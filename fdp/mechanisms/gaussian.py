@@ -74,7 +74,8 @@ def subsampled_gaussian_cells(
         log_p_cell = np.logaddexp(log1mp + lq, np.log(p) + l1)
         # u = p * N(mu,1)(cell) - (e^ell - (1-p)) * Q(cell); e^ell - (1-p) may be <= 0
         exc = _log_excess(ell[:-1], p)
-        neg = np.log(np.abs(np.expm1(ell[:-1]) + p)) if p < 1.0 else ell[:-1]
+        with np.errstate(over="ignore", divide="ignore"):  # only used below log(1-p)
+            neg = np.log(np.abs(np.expm1(np.minimum(ell[:-1], 0.0)) + p)) if p < 1.0 else ell[:-1]
         sign = np.where(np.isfinite(exc), 1.0, -1.0)
         log_scale = np.where(np.isfinite(exc), exc, neg)
         u_cell = np.exp(np.log(p) + l1) - _signed_exp_mul(log_scale, sign, lq)
