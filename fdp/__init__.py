@@ -11,3 +11,14 @@ from fdp.accountant import PLDAccountant
 from fdp.mechanisms.base import Mechanism
 from fdp.mechanisms.gaussian import Gaussian
 from fdp.pld.cells import Direction
+from fdp.tradeoff import (
+    GaussianCurve,
+    ParametricCurve,
+    PiecewiseLinearCurve,
+    TradeoffCurve,
+    epsilon_delta_curve,
+    from_delta,
+    gaussian_curve,
+    identity_curve,
+)
+from fdp.mechanisms.jl import JL, RandomSensitivityGaussian
