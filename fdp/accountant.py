@@ -182,7 +182,9 @@ class PLDAccountant:
             curves.append(curve if d is Direction.REMOVE else curve.inverse())
         if len(curves) == 1:
             return curves[0].symmetrized()
-        return _min_curve(curves[0], curves[1]).symmetrized()
+        from fdp.tradeoff import convex_minimum
+
+        return convex_minimum(curves[0], curves[1]).symmetrized()
 
     # ----------------------------------------------------------- persistence
     def to_json(self) -> str:
@@ -269,11 +271,3 @@ class PLDAccountant:
 def _tail_budget(delta: float) -> float:
     """Mass each FFT tail may hold: small against delta, never below float noise."""
     return max(min(1e-3 * delta, 1e-12), 1e-300)
-
-
-def _min_curve(f, g):
-    """Pointwise min of two piecewise-linear curves as a piecewise-linear curve (exact)."""
-    from fdp.tradeoff import PiecewiseLinearCurve
-
-    xs = np.union1d(f.alphas, g.alphas)
-    return PiecewiseLinearCurve(xs, np.minimum(f(xs), g(xs)))

@@ -156,7 +156,7 @@ def golden_max(
 
 def _line_at(x0, y0, x1, y1, x):
     """Value at x of the line through (x0, y0), (x1, y1); NaN if x0 == x1."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         slope = (y1 - y0) / (x1 - x0)
         return np.where(x1 > x0, y0 + slope * (x - x0), np.nan)
 
@@ -178,7 +178,7 @@ def concave_max_upper_bound(x: np.ndarray, v: np.ndarray) -> np.ndarray:
     x0, x1, x2, x3 = x
     v0, v1, v2, v3 = v
     cands = [np.maximum(v1, v2), _line_at(x1, v1, x2, v2, x0), _line_at(x1, v1, x2, v2, x3)]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s01 = (v1 - v0) / (x1 - x0)
         s23 = (v3 - v2) / (x3 - x2)
         # intersection of L01 and L23

@@ -101,7 +101,8 @@ class TradeoffCurve(abc.ABC):
         """The inverse curve f^-1(alpha) = inf { t in [0, 1] : f(t) <= alpha }.
 
         If f = T(P||Q) then f^-1 = T(Q||P) (Dong-Roth-Su, arXiv:1905.02383,
-        Lemma A.2 / the remark after Definition 2.1). Generic implementation:
+        Section 2; stated in the seed paper after its definition of the
+        tradeoff function). Generic implementation:
         vectorised bisection on the non-increasing f (see
         :class:`~fdp.tradeoff.operations.InverseCurve`).
         """
@@ -260,7 +261,7 @@ class TradeoffCurve(abc.ABC):
         return bool(np.all(self._evaluate(grid) >= other._evaluate(grid) - tol))
 
     # ------------------------------------------------------ approximations
-    def to_piecewise_linear(self, *, num_points: int = 1025, side: str = "lower") -> PiecewiseLinearCurve:
+    def to_piecewise_linear(self, *, num_points: int = 2049, side: str = "lower") -> PiecewiseLinearCurve:
         """A piecewise-linear approximation of f, on the chosen side.
 
         Samples x_0 = 0 < ... < x_n = 1 are the union of a uniform grid, points
@@ -291,7 +292,7 @@ class TradeoffCurve(abc.ABC):
         n = check_integer("num_points", num_points, low=3)
         if side not in ("lower", "upper"):
             raise ValueError(f"side must be one of 'lower', 'upper'; got {side!r}")
-        base = _numeric.default_alpha_grid(n, max(17, n // 6))
+        base = _numeric.default_alpha_grid(n, max(17, n // 4))
         inv = self.inverse()
         adapted = inv._evaluate(base)
         x = np.unique(np.concatenate([base, adapted[np.isfinite(adapted)]]))
@@ -369,7 +370,7 @@ def _secant_lower_polygon(x: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, np.
     return px, py
 
 
-def conjugate_delta(curve: TradeoffCurve, epsilon: np.ndarray) -> np.ndarray:
+def conjugate_delta(curve: TradeoffCurve, epsilon: np.ndarray, *, mirrored: bool = False) -> np.ndarray:
     """Certified upper bound on delta(eps) = sup_alpha (1 - f(alpha) - e^eps alpha).
 
     phi(alpha) = (1 - f(alpha)) - e^eps alpha is concave, so a scan of [0, 1]
@@ -382,6 +383,11 @@ def conjugate_delta(curve: TradeoffCurve, epsilon: np.ndarray) -> np.ndarray:
 
     This is the generic implementation behind :meth:`TradeoffCurve.delta`;
     subclasses with closed forms override it, and the tests compare the two.
+
+    With ``mirrored=True`` it returns delta of the *inverse* curve without
+    inverting: the graph of f^-1 is the graph of f mirrored in the diagonal,
+    so delta_{f^-1}(eps) = sup_alpha (1 - alpha - e^eps f(alpha)), again a
+    concave maximisation (f convex).
     """
     eps = np.asarray(epsilon, dtype=np.float64)
     shape = eps.shape
@@ -393,9 +399,14 @@ def conjugate_delta(curve: TradeoffCurve, epsilon: np.ndarray) -> np.ndarray:
 
     def phi(alpha: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            if mirrored:
+                return (1.0 - alpha) - np.exp(col + np.log(curve._evaluate(alpha)))
             return curve._evaluate_complement(alpha) - np.exp(col + np.log(alpha))
 
     pts, vals = _numeric.golden_max(phi, 0.0, 1.0, eps.size)
+    if mirrored:  # concave in alpha, but the bound needs the abscissa beta = f(alpha)
+        pts = curve._evaluate(pts)[::-1]
+        vals = vals[::-1]
     upper = _numeric.concave_max_upper_bound(pts, vals)
     return np.clip(upper, 0.0, 1.0).reshape(shape)
 

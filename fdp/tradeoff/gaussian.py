@@ -73,7 +73,7 @@ def gaussian_delta(epsilon: np.ndarray, mu: float) -> np.ndarray:
     return np.clip(np.nan_to_num(out, nan=0.0), 0.0, 1.0)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class GaussianCurve(TradeoffCurve):
     """G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu): mu-Gaussian differential privacy.
 

@@ -8,22 +8,23 @@ curves override the operations with exact vertex arithmetic instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from fdp._validation import check_sampling_rate
+from fdp._validation import check_array, check_sampling_rate
 from fdp.tradeoff import _numeric
-from fdp.tradeoff.base import TradeoffCurve
+from fdp.tradeoff.base import TradeoffCurve, _as_output, conjugate_delta
 
 __all__ = ["InverseCurve", "SubsampledCurve"]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class InverseCurve(TradeoffCurve):
     """f^-1(alpha) = inf { t in [0, 1] : f(t) <= alpha } for a base curve f.
 
     If f = T(P||Q) then f^-1 = T(Q||P): the same pair with the roles of the
-    hypotheses swapped (Dong-Roth-Su, arXiv:1905.02383, Appendix A). The graph
+    hypotheses swapped (Dong-Roth-Su, arXiv:1905.02383, Section 2). The graph
     of f^-1 is the mirror image of the graph of f in the diagonal beta = alpha.
 
     Evaluation: vectorised bisection on t over the float keys of [0, 1] (64
@@ -60,13 +61,27 @@ class InverseCurve(TradeoffCurve):
         """(f^-1)^-1 = f for tradeoff functions: returns the base curve."""
         return self.base
 
+    def delta(self, epsilon: Any) -> float | np.ndarray:
+        """delta_{f^-1}(eps) = sup_alpha (1 - alpha - e^eps f(alpha)), an upper bound.
+
+        The graph of f^-1 is the mirror image of the graph of f, so the
+        supremum can run over the graph of f (no root-finding); see
+        :func:`~fdp.tradeoff.base.conjugate_delta` with ``mirrored=True``. For
+        f = T(Q||P) this is H_{e^eps}(Q||P), the other direction's delta.
+
+        Raises:
+          ValueError: epsilon NaN, infinite or negative.
+        """
+        eps = check_array("epsilon", epsilon, low=0.0)
+        return _as_output(conjugate_delta(self.base, eps.ravel(), mirrored=True), eps)
+
     def _vertices(self) -> np.ndarray:
         # Kinks of f^-1 sit at beta-coordinates of the kinks of f.
         v = self.base._vertices()
         return self.base._evaluate(v) if v.size else v
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class SubsampledCurve(TradeoffCurve):
     """f_p = p f + (1 - p) Id, Id(alpha) = 1 - alpha: Poisson subsampling at rate p.
 

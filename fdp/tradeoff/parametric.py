@@ -90,11 +90,13 @@ class ParametricCurve(TradeoffCurve):
         b_end = float(np.asarray(self.beta_of_t(np.array([lo])), dtype=np.float64).ravel()[0])
         if not abs(a_end) <= END_TOL:
             raise ValueError(
-                f"alpha_of_t must reach 0 at t_max (the curve must cover alpha = 0); got alpha(t_max={hi!r})={a_end!r}"
+                "alpha_of_t must reach 0 at t_max (the curve must cover alpha = 0); "
+                f"got alpha(t_max={hi!r})={a_end!r}"
             )
         if not abs(b_end) <= END_TOL:
             raise ValueError(
-                f"beta_of_t must reach 0 at t_min (the curve must cover f = 0); got beta(t_min={lo!r})={b_end!r}"
+                "beta_of_t must reach 0 at t_min (the curve must cover f = 0); "
+                f"got beta(t_min={lo!r})={b_end!r}"
             )
 
     def _alpha(self, t: np.ndarray) -> np.ndarray:

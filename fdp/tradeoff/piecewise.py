@@ -69,7 +69,9 @@ class PiecewiseLinearCurve(TradeoffCurve):
                 f"alpha must be non-decreasing; got alpha[{i}]={a[i]!r} > alpha[{i + 1}]={a[i + 1]!r}"
             )
         if a[0] != 0.0 or a[-1] != 1.0:
-            raise ValueError(f"alpha must start at 0 and end at 1; got alpha[0]={a[0]!r}, alpha[-1]={a[-1]!r}")
+            raise ValueError(
+                f"alpha must start at 0 and end at 1; got alpha[0]={a[0]!r}, alpha[-1]={a[-1]!r}"
+            )
         excess = b - (1.0 - a)
         if np.any(excess > VERTEX_TOL):
             i = int(np.argmax(excess))
@@ -111,6 +113,11 @@ class PiecewiseLinearCurve(TradeoffCurve):
         b = np.clip(np.asarray(beta, np.float64).ravel(), 0.0, 1.0)
         ac = np.clip(np.asarray(alpha_c, np.float64).ravel(), 0.0, 1.0)
         bc = np.clip(np.asarray(beta_c, np.float64).ravel(), 0.0, 1.0)
+        # Exact ends: f(1) = 0 for every tradeoff function (forcing it only
+        # lowers f, the safe side), and complements consistent at 0 and 1.
+        b = np.where(a == 1.0, 0.0, b)
+        ac = np.where(a == 1.0, 0.0, np.where(a == 0.0, 1.0, ac))
+        bc = np.where(b == 0.0, 1.0, bc)
         idx = lower_hull_indices(a, b)
         if a[idx[0]] != 0.0 or a[idx[-1]] != 1.0:  # pragma: no cover - internal invariant
             raise AssertionError("vertex set must span alpha in [0, 1]")
@@ -327,9 +334,9 @@ class PiecewiseLinearCurve(TradeoffCurve):
         with np.errstate(over="ignore"):
             k = np.searchsorted(self._slopes, -np.exp(eps), side="left")
         cand = np.clip(k[None, :] + np.arange(-1, 2)[:, None], 0, n - 1)
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):
             log_a = np.log(self.alpha[cand])
-        vals = self._beta_c[cand] - np.exp(eps[None, :] + log_a)
+            vals = self._beta_c[cand] - np.exp(eps[None, :] + log_a)  # -inf loses the max
         return np.clip(vals.max(axis=0), 0.0, 1.0)
 
     def _epsilon_values(self, delta: np.ndarray) -> np.ndarray:
@@ -341,7 +348,7 @@ class PiecewiseLinearCurve(TradeoffCurve):
         of the segment slopes s_j, where delta(eps_j) is non-decreasing in j.
         """
         n = self.alpha.size
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             log_a = np.log(self.alpha)
             eps_j = np.log(-self._slopes)  # -inf for flat segments
             d_j = self._beta_c[:-1] - np.exp(eps_j + log_a[:-1])

@@ -1,0 +1,117 @@
+"""fdp._validation: every helper accepts valid input and rejects bad input with a
+ValueError that names the argument, the value and the allowed range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fdp._validation import (
+    check_array,
+    check_delta,
+    check_integer,
+    check_probability,
+    check_real,
+    check_sampling_rate,
+    describe_interval,
+)
+
+NAN, INF = float("nan"), float("inf")
+
+
+def test_describe_interval():
+    assert describe_interval(0, 1, True, False) == "[0, 1)"
+    assert describe_interval(None, 2.5, True, True) == "(-inf, 2.5]"
+    assert describe_interval(0.0, None, False, True) == "(0, inf)"
+
+
+@pytest.mark.parametrize("value", [0, 1.5, np.float32(2.0), np.int64(3), np.array(4.0)])
+def test_check_real_accepts_real_scalars(value):
+    out = check_real("x", value)
+    assert isinstance(out, float) and out == float(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "kwargs", "match"),
+    [
+        (NAN, {}, r"x must be a finite number in \(-inf, inf\); got nan"),
+        (INF, {}, r"x must be a finite number .*; got inf"),
+        (-INF, {"low": 0.0}, r"x must be a finite number in \[0, inf\); got -inf"),
+        (True, {}, r"x must be a real number .*; got True"),
+        ("1.0", {}, r"x must be a real number .*; got '1.0'"),
+        (None, {}, r"x must be a real number"),
+        (1 + 2j, {}, r"x must be a real number"),
+        (np.array([1.0, 2.0]), {}, r"x must be a real number"),
+        (-0.5, {"low": 0.0}, r"x must be in \[0, inf\); got -0.5"),
+        (0.0, {"low": 0.0, "low_inclusive": False}, r"x must be in \(0, inf\); got 0.0"),
+        (2.0, {"high": 1.0}, r"x must be in \(-inf, 1\]; got 2.0"),
+        (1.0, {"high": 1.0, "high_inclusive": False}, r"x must be in \(-inf, 1\); got 1.0"),
+    ],
+)
+def test_check_real_rejects(value, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        check_real("x", value, **kwargs)
+
+
+def test_check_real_allow_inf():
+    assert check_real("t", INF, allow_inf=True) == INF
+    with pytest.raises(ValueError, match=r"t must be in \(-inf, 0\]"):
+        check_real("t", INF, high=0.0, allow_inf=True)
+    with pytest.raises(ValueError, match=r"got nan"):
+        check_real("t", NAN, allow_inf=True)
+
+
+def test_check_integer():
+    assert check_integer("n", 5) == 5
+    assert check_integer("n", 5.0) == 5
+    assert check_integer("n", np.int32(7), low=1) == 7
+    for bad in (5.5, True, NAN, INF, "3", None):
+        with pytest.raises(ValueError, match=r"n must be an integer"):
+            check_integer("n", bad)
+    with pytest.raises(ValueError, match=r"n must be an integer in \[1, 10\]; got 0"):
+        check_integer("n", 0, low=1, high=10)
+
+
+def test_probability_sampling_rate_delta():
+    assert check_probability("p", 0.0) == 0.0 and check_probability("p", 1.0) == 1.0
+    with pytest.raises(ValueError, match=r"p must be in \(0, 1\]; got 0.0"):
+        check_probability("p", 0.0, allow_zero=False)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\); got 1.0"):
+        check_probability("p", 1.0, allow_one=False)
+    assert check_sampling_rate(1.0) == 1.0
+    with pytest.raises(ValueError, match=r"sampling_rate must be in \(0, 1\]; got 0"):
+        check_sampling_rate(0)
+    with pytest.raises(ValueError, match=r"q must be a finite number in \(0, 1\]; got nan"):
+        check_sampling_rate(NAN, name="q")
+    assert check_delta(1e-5) == 1e-5
+    for bad in (0.0, 1.0, -1e-9, 1.5):
+        with pytest.raises(ValueError, match=r"delta must be in \(0, 1\)"):
+            check_delta(bad)
+
+
+# check_array reports the first bad entry with repr(); under NumPy 2 that reads
+# "np.float64(nan)", so the patterns accept both spellings.
+V = r"(np\.float64\()?"
+
+
+def test_check_array():
+    out = check_array("a", [0.0, 0.5, 1.0], low=0.0, high=1.0)
+    assert out.dtype == np.float64 and out.shape == (3,)
+    assert check_array("a", 0.25).shape == ()
+    with pytest.raises(ValueError, match=r"a must be finite numbers in \[0, 1\]; got " + V + "nan"):
+        check_array("a", [0.1, NAN], low=0.0, high=1.0)
+    with pytest.raises(ValueError, match=r"a must be finite numbers in \[0, 1\]; got " + V + "1.5"):
+        check_array("a", [[0.1, 1.5]], low=0.0, high=1.0)
+    with pytest.raises(ValueError, match=r"a must be finite numbers .*; got " + V + "inf"):
+        check_array("a", [INF])
+    assert check_array("a", [INF, -INF], allow_inf=True).shape == (2,)
+    with pytest.raises(ValueError, match=r"a must be numbers in .*; got " + V + "nan"):
+        check_array("a", [NAN], allow_inf=True)
+    with pytest.raises(ValueError, match=r"a must be finite numbers in \(0, 1\); got " + V + "0.0"):
+        check_array("a", [0.0], low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
+    with pytest.raises(ValueError, match=r"a must be a 1-dimensional array; got shape \(2, 2\)"):
+        check_array("a", np.zeros((2, 2)), ndim=1)
+    with pytest.raises(ValueError, match=r"a must be real numbers"):
+        check_array("a", ["x", "y"])
+    with pytest.raises(ValueError, match=r"a must be real numbers"):
+        check_array("a", [1.0, [2.0, 3.0]])
