@@ -1,0 +1,383 @@
+"""Numba kernels of the chi-square (random-sensitivity) expectation quadrature.
+
+The JL mechanism (:mod:`fdp.mechanisms.jl`) is, given its random sensitivity
+Z = z, a Gaussian mechanism with mu = z / sigma. Everything it reports is an
+expectation over Z of a subsampled-Gaussian quantity:
+
+* :func:`mixture_cells` -- sum_j w_j * cells(mu_j) on a loss grid (the PLD of a
+  discrete mixture), K mixture components times n grid points;
+* :func:`mixture_delta` -- sum_j w_j * delta_subsampled_gauss(eps; mu_j, p);
+* :func:`mixture_alpha_beta` -- sum_j w_j * (Phi(-t/mu_j - mu_j/2), Phi(t/mu_j - mu_j/2)).
+
+All Gaussian probabilities are computed as logs from one ``math.erfc`` per
+point and shift (log Phi(s) and log Phi(-s) from the same erfc), with the
+asymptotic series of Mills' ratio below s = -37 where erfc underflows, so
+interval masses of order 1e-300 keep their relative precision. These kernels
+do no input checking; the wrappers in :mod:`fdp.mechanisms.jl` do.
+
+Notation: t_k = x(ell_k) is the noise value at which the loss crosses grid
+point ell_k (:mod:`fdp.mechanisms.gaussian`, equation (1)); p is the sampling
+rate; "lo"/"hi" of a point are log Phi(s) and log Phi(-s).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = [
+    "log_ndtr_pair",
+    "mixture_cells",
+    "mixture_delta",
+    "mixture_alpha_beta",
+]
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_LN2 = math.log(2.0)
+
+
+@njit(cache=True)
+def _log_ndtr_neg(x):  # pragma: no cover - numba
+    """log Phi(x) for x <= 0, full relative precision down to x = -1e154."""
+    if x == -np.inf:
+        return -np.inf
+    if x > -37.0:
+        return math.log(0.5 * math.erfc(-x * _INV_SQRT2))
+    # Phi(x) = phi(x)/|x| * (1 - 1/x^2 + 3/x^4 - 15/x^6 + ...); |term ratio| <= 15/37^2
+    z = 1.0 / (x * x)
+    s = 1.0
+    term = 1.0
+    for k in range(1, 10):
+        term *= -(2 * k - 1) * z
+        s += term
+    return -0.5 * x * x - math.log(-x) - _LOG_SQRT_2PI + math.log(s)
+
+
+@njit(cache=True)
+def log_ndtr_pair(s):  # pragma: no cover - numba
+    """(log Phi(s), log Phi(-s)), the smaller one exact, the other by log1p."""
+    if s < 0.0:
+        lo = _log_ndtr_neg(s)
+        return lo, math.log1p(-math.exp(lo))
+    hi = _log_ndtr_neg(-s)
+    return math.log1p(-math.exp(hi)), hi
+
+
+@njit(cache=True)
+def _log1mexp(d):  # pragma: no cover - numba
+    """log(1 - e^d), d <= 0."""
+    if d > -_LN2:
+        return math.log(-math.expm1(d))
+    return math.log1p(-math.exp(d))
+
+
+@njit(cache=True)
+def _logsubexp(a, b):  # pragma: no cover - numba
+    """log(e^a - e^b) for a >= b; -inf when equal."""
+    if b == -np.inf:
+        return a
+    if a <= b:
+        return -np.inf
+    return a + _log1mexp(b - a)
+
+
+@njit(cache=True)
+def _logaddexp(a, b):  # pragma: no cover - numba
+    if a == -np.inf:
+        return b
+    if b == -np.inf:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@njit(cache=True)
+def _log_interval(a, a_lo, a_hi, b_lo, b_hi):  # pragma: no cover - numba
+    """log(Phi(b) - Phi(a)) from the pairs of a and b (same rule as fdp._numerics)."""
+    if a > 0.0:
+        return _logsubexp(a_hi, b_hi)
+    return _logsubexp(b_lo, a_lo)
+
+
+@njit(cache=True)
+def _log_excess(ell, p, log1mp):  # pragma: no cover - numba
+    """log(e^ell - (1-p)); -inf where e^ell <= 1 - p."""
+    if p == 1.0:
+        return ell
+    if ell <= log1mp:
+        return -np.inf
+    return _logsubexp(ell, log1mp)
+
+
+@njit(cache=True)
+def _threshold(ell, mu, p, logp, log1mp):  # pragma: no cover - numba
+    """x(ell) = (log((e^ell - (1-p))/p) + mu^2/2) / mu; -inf below log(1-p)."""
+    e = _log_excess(ell, p, log1mp)
+    if e == -np.inf:
+        return -np.inf
+    return (e - logp + 0.5 * mu * mu) / mu
+
+
+@njit(cache=True)
+def _remove_loss(x, mu, logp, log1mp):  # pragma: no cover - numba
+    return _logaddexp(log1mp, logp + mu * x - 0.5 * mu * mu)
+
+
+@njit(cache=True)
+def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, stride,
+                   p_cell, u_cell, tails):  # pragma: no cover - numba
+    """Add w * cells(mu) into p_cell/u_cell/tails (p_left, d_left, p_right, u_right, p_inf).
+
+    Only grid points whose noise value lies within x_cut of a component's mean
+    are evaluated; the (at most 2*Phi(-x_cut)) mass outside them is placed on the
+    safe side: pessimistic -> left part at the first evaluated point (loss moved
+    up), right part to +inf; optimistic -> left part to ell_0 (loss moved down),
+    right part at the last evaluated point (loss moved down).
+
+    With ``stride`` s > 1 only every s-th grid point is evaluated and the mass of
+    each block of s cells is put at the block's right end (pessimistic: losses
+    move up by < s h) or left end (optimistic: losses move down). Moving P-mass
+    of the loss up can only increase delta(eps) = E_P[(1 - e^{eps-L})_+] of the
+    step and of every composition (the integrand is non-decreasing in each
+    step's loss), and moving it down only decreases it, so both sides stay sound.
+    """
+    logp = math.log(p)
+    log1mp = math.log1p(-p) if p < 1.0 else -np.inf
+    # ---- index range [a, b] of grid points to evaluate
+    if remove:
+        l_lo = _remove_loss(-x_cut, mu, logp, log1mp)
+        l_hi = _remove_loss(mu + x_cut, mu, logp, log1mp)
+    else:
+        l_lo = -_remove_loss(x_cut, mu, logp, log1mp)
+        l_hi = -_remove_loss(-x_cut, mu, logp, log1mp)
+    fa = np.floor(l_lo / h) - offset - 1.0
+    fb = np.ceil(l_hi / h) - offset + 1.0
+    a = int(min(max(fa, 0.0), float(n)))
+    b = int(min(max(fb, 0.0), float(n)))
+    if b <= a:  # all mass on one side of the evaluated window: widen to one cell
+        if a >= n:
+            a = n - 1
+            b = n
+        else:
+            b = a + 1
+    s = max(1, stride)
+    m = (b - a + s - 1) // s + 1
+    idx = np.empty(m, dtype=np.int64)
+    for i in range(m - 1):
+        idx[i] = a + i * s
+    idx[m - 1] = b
+    t = np.empty(m)
+    t0lo = np.empty(m)
+    t0hi = np.empty(m)
+    t1lo = np.empty(m)
+    t1hi = np.empty(m)
+    for i in range(m):
+        ell = (offset + idx[i]) * h
+        if remove:
+            ti = _threshold(ell, mu, p, logp, log1mp)
+        else:
+            ti = _threshold(-ell, mu, p, logp, log1mp)
+        t[i] = ti
+        lo, hi = log_ndtr_pair(ti)
+        t0lo[i] = lo
+        t0hi[i] = hi
+        lo, hi = log_ndtr_pair(ti - mu)
+        t1lo[i] = lo
+        t1hi[i] = hi
+    emh = -math.expm1(-h)  # 1 - e^{-h}
+    for i in range(m - 1):
+        k = idx[i]
+        width = idx[i + 1] - k
+        ell = (offset + k) * h
+        u = 0.0
+        if remove:
+            # x in (t_k, t_{k+1}]; P = (1-p) N(0,1) + p N(mu,1), Q = N(0,1)
+            lq = _log_interval(t[i], t0lo[i], t0hi[i], t0lo[i + 1], t0hi[i + 1])
+            l1 = _log_interval(t[i] - mu, t1lo[i], t1hi[i], t1lo[i + 1], t1hi[i + 1])
+            lpc = _logaddexp(log1mp + lq, logp + l1)
+            if width == 1:
+                exc = _log_excess(ell, p, log1mp)
+                if exc > -np.inf:
+                    sub = math.exp(exc + lq) if lq > -np.inf else 0.0
+                else:
+                    sub = -math.exp(math.log(abs(math.expm1(ell) + p)) + lq) if lq > -np.inf else 0.0
+                u = math.exp(logp + l1) - sub
+        else:
+            # x in [t_{k+1}, t_k); P = N(0,1), Q = (1-p) N(0,1) + p N(mu,1)
+            lpc = _log_interval(t[i + 1], t0lo[i + 1], t0hi[i + 1], t0lo[i], t0hi[i])
+            l1 = _log_interval(t[i + 1] - mu, t1lo[i + 1], t1hi[i + 1], t1lo[i], t1hi[i])
+            if width == 1:
+                one_minus = -math.expm1(log1mp + ell) if p < 1.0 else 1.0
+                u = math.exp(lpc) * one_minus - math.exp(logp + ell + l1)
+        pc = math.exp(lpc)
+        if width == 1:
+            if u < 0.0:
+                u = 0.0
+            p_cell[k] += w * pc
+            u_cell[k] += w * u
+        elif pessimistic:  # the block's mass at its right end ell_{k+width}
+            p_cell[k + width - 1] += w * pc
+            u_cell[k + width - 1] += w * pc * emh
+        else:  # at its left end ell_k
+            p_cell[k] += w * pc
+    # ---- tails of the grid (exact where the window reaches the grid ends)
+    j = m - 1
+    if remove:
+        # P(L <= ell_a) and P(L > ell_b)
+        left = (1.0 - p) * math.exp(t0lo[0]) + p * math.exp(t1lo[0])
+        right = (1.0 - p) * math.exp(t0hi[j]) + p * math.exp(t1hi[j])
+    else:
+        # L <= ell_a <=> x >= t_a ; L > ell_b <=> x < t_b
+        left = math.exp(t0hi[0])
+        right = math.exp(t0lo[j])
+    if a == 0:
+        if remove:
+            ell0 = offset * h
+            d = math.expm1(ell0) * math.exp(t0lo[0]) + p * (math.exp(t0lo[0]) - math.exp(t1lo[0]))
+        else:
+            ell0 = offset * h
+            q_left = (1.0 - p) * left + p * math.exp(t1hi[0])
+            d = math.exp(ell0) * q_left - left
+        tails[0] += w * left
+        tails[1] += w * max(d, 0.0)
+    elif left > 0.0:
+        if pessimistic:
+            p_cell[a] += w * left  # at ell_a: loss moved up
+        else:
+            tails[0] += w * left  # at ell_0: loss moved down (deficit 0)
+    if b == n:
+        elln = (offset + n) * h
+        if remove:
+            exc_n = _log_excess(elln, p, log1mp)
+            if exc_n > -np.inf:
+                ur = p * math.exp(t1hi[j]) - math.exp(exc_n + t0hi[j])
+            else:
+                ur = -math.expm1(elln)
+        else:
+            q_right = (1.0 - p) * right + p * math.exp(t1lo[j])
+            ur = right - math.exp(elln) * q_right
+        tails[2] += w * right
+        tails[3] += w * max(ur, 0.0)
+    elif right > 0.0:
+        if pessimistic:
+            tails[4] += w * right  # to +inf
+        else:
+            p_cell[b - 1] += w * right  # at ell_b (right end of cell b-1): loss moved down
+            u_cell[b - 1] += w * right * emh
+
+
+@njit(cache=True, parallel=True)
+def mixture_cells(offset, h, n, mus, ws, strides, p, remove, pessimistic, x_cut):  # pragma: no cover
+    """sum_j ws[j] * cells(mus[j]) on the grid (offset + k) h, k = 0..n.
+
+    ``strides[j]`` >= 1 coarsens component j (see :func:`_one_component`).
+
+    Returns (p_cell, u_cell, tails) with tails = (p_left, d_left, p_right,
+    u_right, p_inf). Components are split over threads, each with its own
+    accumulator, then summed (no races).
+    """
+    k_total = mus.shape[0]
+    nthreads = min(max(1, k_total), 64)
+    chunks = min(nthreads, 8)
+    acc_p = np.zeros((chunks, n))
+    acc_u = np.zeros((chunks, n))
+    acc_t = np.zeros((chunks, 5))
+    for c in prange(chunks):
+        for j in range(c, k_total, chunks):
+            if ws[j] > 0.0:
+                _one_component(offset, h, n, mus[j], ws[j], p, remove, pessimistic, x_cut, strides[j],
+                               acc_p[c], acc_u[c], acc_t[c])
+    p_cell = acc_p.sum(axis=0)
+    u_cell = acc_u.sum(axis=0)
+    tails = acc_t.sum(axis=0)
+    return p_cell, u_cell, tails
+
+
+@njit(cache=True)
+def _sg_delta(eps, mu, p, remove):  # pragma: no cover - numba
+    """delta(eps) of one subsampled-Gaussian step (log space, as gaussian.py)."""
+    logp = math.log(p)
+    log1mp = math.log1p(-p) if p < 1.0 else -np.inf
+    if mu == 0.0:
+        return 0.0
+    if remove:
+        x = _threshold(eps, mu, p, logp, log1mp)
+        if x == -np.inf:
+            return -math.expm1(eps)  # every outcome has loss > eps: 1 - e^eps Q(all)
+        lo0, hi0 = log_ndtr_pair(x)
+        lo1, hi1 = log_ndtr_pair(x - mu)
+        log_sp = _logaddexp(log1mp + hi0, logp + hi1)
+        log_sq = eps + hi0
+    else:
+        x = _threshold(-eps, mu, p, logp, log1mp)  # L > eps <=> X < x
+        if x == -np.inf:
+            return 0.0
+        lo0, hi0 = log_ndtr_pair(x)
+        lo1, hi1 = log_ndtr_pair(x - mu)
+        log_sp = lo0
+        log_sq = eps + _logaddexp(log1mp + lo0, logp + lo1)
+    if log_sq >= log_sp:
+        return 0.0
+    v = math.exp(_logsubexp(log_sp, log_sq))
+    return min(max(v, 0.0), 1.0)
+
+
+@njit(cache=True, parallel=True)
+def mixture_delta(eps, mus, ws, p, remove):  # pragma: no cover - numba
+    """sum_j ws[j] * delta_subsampled_gauss(eps[i]; mus[j], p) for every i.
+
+    A component with mu = inf is the singular pair: remove -> P-mass p at +inf
+    and 1-p at log(1-p), delta = p + ((1-p) - e^eps)_+; add -> all P-mass at
+    -log(1-p), delta = (1 - (1-p) e^eps)_+ (1 at p = 1).
+    """
+    out = np.zeros(eps.shape[0])
+    for i in prange(eps.shape[0]):
+        e = eps[i]
+        s = 0.0
+        for j in range(mus.shape[0]):
+            mu = mus[j]
+            if mu == np.inf:
+                if remove:
+                    d = p + max(0.0, (1.0 - p) - math.exp(e))
+                else:
+                    d = max(0.0, -math.expm1(e + math.log1p(-p))) if p < 1.0 else 1.0
+            else:
+                d = _sg_delta(e, mu, p, remove)
+            s += ws[j] * d
+        out[i] = min(s, 1.0)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def mixture_alpha_beta(t, mus, ws):  # pragma: no cover - numba
+    """alpha_i = sum_j w_j Phi(-t_i/mu_j - mu_j/2), beta_i = sum_j w_j Phi(t_i/mu_j - mu_j/2).
+
+    The seed's Lemma "privacy_curve_knownmean_Gaussian" with Z/sigma = mu. Sums
+    run from the smallest terms up (components are ordered by the caller).
+    """
+    alpha = np.zeros(t.shape[0])
+    beta = np.zeros(t.shape[0])
+    for i in prange(t.shape[0]):
+        ti = t[i]
+        sa = 0.0
+        sb = 0.0
+        for j in range(mus.shape[0]):
+            mu = mus[j]
+            if mu <= 0.0:
+                # mu -> 0: Phi(-t/mu) -> 1{t < 0} (+1/2 at t = 0)
+                va = 1.0 if ti < 0.0 else (0.5 if ti == 0.0 else 0.0)
+                vb = 1.0 if ti > 0.0 else (0.5 if ti == 0.0 else 0.0)
+            else:
+                lo, _ = log_ndtr_pair(-ti / mu - 0.5 * mu)
+                va = math.exp(lo)
+                lo, _ = log_ndtr_pair(ti / mu - 0.5 * mu)
+                vb = math.exp(lo)
+            sa += ws[j] * va
+            sb += ws[j] * vb
+        alpha[i] = sa
+        beta[i] = sb
+    return alpha, beta

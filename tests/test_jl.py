@@ -1,0 +1,283 @@
+"""Tests of the JL mechanism (fdp.mechanisms.jl) and its chi-square quadrature kernels.
+
+References: mpmath quadrature over the chi-square density at mp.dps = 30
+(computed in the tests themselves), exact subsampled-Gaussian cells
+(fdp.mechanisms.gaussian), and a slow NumPy fine-binning reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+from scipy import stats
+
+import fdp
+from fdp._kernels.chi2 import log_ndtr_pair, mixture_cells
+from fdp.mechanisms.gaussian import subsampled_gaussian_cells, subsampled_gaussian_delta
+from fdp.mechanisms.jl import JL, MAX_LOSS, RandomSensitivityGaussian, jl_alpha_beta, jl_delta
+from fdp.pld.cells import Direction, Grid
+from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
+
+mp.mp.dps = 30
+
+
+# ------------------------------------------------------------ references
+def _mp_expect_chi2(g, r):
+    """E[g(Z)], Z = 1/sqrt(chi2_r/r), by mp.quad over the chi2_r density (substitution c = u^2)."""
+    r = mp.mpf(r)
+
+    def dens_u(u):  # density of u = sqrt(c): 2u * chi2 pdf(u^2)
+        c = u * u
+        return 2 * u * c ** (r / 2 - 1) * mp.exp(-c / 2) / (2 ** (r / 2) * mp.gamma(r / 2))
+
+    def f(u):
+        if u == 0:
+            return mp.mpf(0)
+        return dens_u(u) * g(mp.sqrt(r) / u)
+
+    s = mp.sqrt(r)
+    return mp.quad(f, [0, s / 8, s / 2, s, 1.5 * s, 2 * s, 4 * s, mp.inf])
+
+
+def _mp_phi(x):
+    return mp.ncdf(x)
+
+
+# ------------------------------------------------------------------ kernels
+@pytest.mark.parametrize("x", [-1e4, -300.0, -40.0, -37.5, -36.9, -8.0, -0.3, 0.0, 0.7, 9.0, 38.0, 500.0])
+def test_log_ndtr_pair_matches_mpmath(x):
+    lo, hi = log_ndtr_pair(x)
+    with mp.workdps(60):  # log(1 - tiny) via log1p so the reference keeps its relative digits
+        ref_lo = float(mp.log(mp.ncdf(x)) if x <= 0 else mp.log1p(-mp.ncdf(-x)))
+        ref_hi = float(mp.log(mp.ncdf(-x)) if x >= 0 else mp.log1p(-mp.ncdf(x)))
+    for got, ref in ((lo, ref_lo), (hi, ref_hi)):
+        assert abs(got - ref) <= 1e-13 * abs(ref) + 1e-320
+
+
+@pytest.mark.parametrize("p", [1.0, 0.3, 0.01])
+@pytest.mark.parametrize("mu", [0.2, 1.7, 6.0])
+@pytest.mark.parametrize("direction", list(Direction))
+def test_kernel_single_component_matches_gaussian_cells(p, mu, direction):
+    lo = -3.0 if (direction is Direction.ADD or p == 1.0) else math.log1p(-p) - 0.01
+    g = Grid.covering(lo, 25.0, 0.01)
+    ref = subsampled_gaussian_cells(mu, p, direction, g)
+    pc, uc, tails = mixture_cells(g.offset, g.h, g.n, np.array([mu]), np.array([1.0]), np.array([1]),
+                                  p, direction is Direction.REMOVE, True, np.inf)
+    np.testing.assert_allclose(pc, ref.p_cell, rtol=1e-11, atol=1e-300)
+    assert np.max(np.abs(uc - ref.u_cell) / np.maximum(ref.p_cell, 1e-300)) < 1e-11
+    np.testing.assert_allclose(tails[:4], [ref.p_left, ref.d_left, ref.p_right, ref.u_right],
+                               rtol=1e-11, atol=1e-300)
+    assert tails[4] == 0.0
+
+
+# ----------------------------------------------------- tradeoff quadrature
+@pytest.mark.parametrize("sigma,r,t", [(0.6, 1, 0.5), (0.6, 5, -1.0), (0.6, 10, 2.0),
+                                       (1.0, 3, 0.0), (2.0, 30, 0.3), (0.8, 2, 8.0)])
+def test_alpha_beta_match_mpmath(sigma, r, t):
+    a, b = jl_alpha_beta(np.array([t]), sigma, r)
+    ref_a = _mp_expect_chi2(lambda z: _mp_phi(-t * sigma / z - z / (2 * sigma)), r)
+    ref_b = _mp_expect_chi2(lambda z: _mp_phi(t * sigma / z - z / (2 * sigma)), r)
+    assert abs(a[0] - float(ref_a)) <= 1e-9
+    assert abs(b[0] - float(ref_b)) <= 1e-9
+
+
+@pytest.mark.parametrize("r,eps", [(1, 1.0), (5, 0.5), (5, 4.0), (10, 2.0), (30, 1.0)])
+def test_delta_matches_mpmath_p1(r, eps):
+    sigma = 0.8
+
+    def dg(z):
+        mu = z / sigma
+        return _mp_phi(-eps / mu + mu / 2) - mp.exp(eps) * _mp_phi(-eps / mu - mu / 2)
+
+    ref = float(_mp_expect_chi2(dg, r))
+    got = float(jl_delta(np.array([eps]), sigma, r, 1.0)[0])
+    assert abs(got - ref) <= 1e-9 + 1e-7 * ref
+
+
+def test_tradeoff_is_symmetric_at_p1():
+    m = JL(noise_multiplier=0.8, jl_projections=4)
+    f = m.tradeoff()
+    alpha = np.linspace(0.01, 0.99, 15)
+    np.testing.assert_allclose(f(f(alpha)), alpha, atol=1e-7)
+    eps = np.array([0.1, 1.0, 3.0])
+    np.testing.assert_allclose(m.delta(eps, "remove"), m.delta(eps, "add"), rtol=1e-12, atol=1e-15)
+
+
+# ---------------------------------------------------------- soundness of cells
+def _delta_of(pld, eps):
+    return np.array([float(pld.delta(e)) for e in eps])
+
+
+@pytest.mark.parametrize("direction", list(Direction))
+@pytest.mark.parametrize("r,p", [(3, 0.1), (10, 1.0), (20, 0.05)])
+def test_cells_bracket_quadrature_delta(direction, r, p):
+    m = JL(noise_multiplier=0.9, jl_projections=r, sampling_rate=p)
+    lo, hi = m.loss_range(direction, 1e-12)
+    g = Grid.covering(lo, hi, 0.01)
+    cp = m.loss_cells(direction, g, pessimistic=True)
+    co = m.loss_cells(direction, g, pessimistic=False)
+    assert cp.total_mass == pytest.approx(1.0, abs=1e-12)
+    assert co.total_mass == pytest.approx(1.0, abs=1e-12)
+    eps = np.array([0.0, 0.05, 0.3, 1.0, 2.0])
+    dp, do = _delta_of(discretise_pessimistic(cp), eps), _delta_of(discretise_optimistic(co), eps)
+    exact = m.delta(eps, direction)
+    assert np.all(dp >= exact - 1e-12)
+    assert np.all(do <= exact + 1e-12)
+    assert np.all(dp >= do)
+    assert np.all(dp - do <= 0.1 * exact + 1e-4)  # and reasonably tight (grid h = 0.01)
+
+
+def _fine_binned_delta(sigma, r, p, direction, eps, k=4000):
+    """Slow NumPy reference: chi2_r cut into k equal-probability bins, Z rounded to the
+    bin's upper end (upper bound) or lower end (lower bound), exact Gaussian deltas."""
+    q = np.linspace(0.0, 1.0, k + 1)
+    c = stats.chi2.ppf(q, r)  # chi2 edges, 0 .. inf
+    with np.errstate(divide="ignore"):
+        z = np.sqrt(r / c)  # inf .. 0, decreasing
+    w = np.diff(q)
+    up = np.zeros_like(eps)
+    low = np.zeros_like(eps)
+    for j in range(k):
+        z_hi, z_lo = z[j], z[j + 1]
+        if np.isfinite(z_hi):
+            up += w[j] * subsampled_gaussian_delta(eps, z_hi / sigma, p, direction)
+        else:  # mu = inf: remove delta = p + ((1-p) - e^eps)_+, add = (1 - (1-p) e^eps)_+
+            if direction is Direction.REMOVE:
+                up += w[j] * (p + np.maximum(0.0, (1 - p) - np.exp(eps)))
+            else:
+                up += w[j] * (np.maximum(0.0, 1 - (1 - p) * np.exp(eps)) if p < 1 else 1.0)
+        if z_lo > 0:
+            low += w[j] * subsampled_gaussian_delta(eps, z_lo / sigma, p, direction)
+    return low, up
+
+
+@pytest.mark.parametrize("direction", list(Direction))
+def test_fine_binning_reference_brackets(direction):
+    sigma, r, p = 1.0, 4, 0.2
+    m = JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p)
+    eps = np.array([0.1, 0.5, 1.5])
+    ref_lo, ref_hi = _fine_binned_delta(sigma, r, p, direction, eps)
+    lo, hi = m.loss_range(direction, 1e-12)
+    g = Grid.covering(lo, hi, 0.005)
+    dp = _delta_of(discretise_pessimistic(m.loss_cells(direction, g, pessimistic=True)), eps)
+    do = _delta_of(discretise_optimistic(m.loss_cells(direction, g, pessimistic=False)), eps)
+    quad = m.delta(eps, direction)
+    assert np.all(ref_lo <= quad + 1e-12) and np.all(quad <= ref_hi + 1e-12)
+    assert np.all(do <= ref_hi + 1e-12)
+    assert np.all(ref_lo <= dp + 1e-12)
+
+
+def test_heavy_tail_goes_to_infinity_not_dropped():
+    m = JL(noise_multiplier=0.6, jl_projections=1, sampling_rate=0.01)
+    lo, hi = m.loss_range(Direction.REMOVE, 1e-12)
+    assert hi == MAX_LOSS  # capped
+    g = Grid.covering(lo, hi, 0.5)
+    c = m.loss_cells(Direction.REMOVE, g, pessimistic=True)
+    assert c.total_mass == pytest.approx(1.0, abs=1e-12)
+    # P(L > MAX_LOSS) ~ p P(chi2_1 < 1/(2 sigma^2 MAX_LOSS)) is charged to +inf
+    approx = 0.01 * stats.chi2.cdf(1.0 / (2 * 0.36 * MAX_LOSS), 1)
+    assert c.p_inf + c.p_right >= 0.5 * approx
+
+
+# ------------------------------------------------------------- composition
+def _bounds(mech, steps, h=0.02):
+    acc = fdp.PLDAccountant(grid_spacing=h).compose(mech, steps=steps)
+    return acc.get_epsilon_bounds(1e-5)
+
+
+def test_jl_is_worse_than_gaussian_and_decreasing_in_r():
+    sigma, p, steps = 1.0, 0.05, 40
+    g_lo, g_hi = _bounds(fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p), steps)
+    prev_hi = math.inf
+    for r in (2, 5, 20, 100):
+        lo, hi = _bounds(JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p), steps)
+        assert lo <= hi
+        assert hi >= g_lo
+        assert lo >= g_lo - 1e-3 * g_lo
+        assert hi <= prev_hi
+        prev_hi = hi
+
+
+def test_large_r_tends_to_gaussian():
+    sigma, p, steps = 1.0, 0.05, 40
+    g_lo, g_hi = _bounds(fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p), steps)
+    lo, hi = _bounds(JL(noise_multiplier=sigma, jl_projections=10_000, sampling_rate=p), steps)
+    assert abs(hi - g_hi) <= 0.01 * g_hi
+    assert abs(lo - g_lo) <= 0.01 * g_lo
+
+
+def test_random_sensitivity_point_mass_is_gaussian():
+    sigma, p = 1.0, 0.1
+    z = stats.uniform(loc=1.0, scale=1e-9)  # Z = 1 (to 1e-9)
+    m = RandomSensitivityGaussian(z, noise_multiplier=sigma, sampling_rate=p)
+    eps = np.array([0.0, 0.2, 1.0])
+    for d in Direction:
+        np.testing.assert_allclose(m.delta(eps, d), subsampled_gaussian_delta(eps, 1.0, p, d), rtol=1e-7)
+    lo, hi = _bounds(m, 30)
+    g_lo, g_hi = _bounds(fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p), 30)
+    assert hi == pytest.approx(g_hi, rel=2e-3) and lo == pytest.approx(g_lo, rel=2e-3)
+
+
+def test_random_sensitivity_delta_matches_mpmath():
+    sigma, eps = 0.7, 0.8
+    dist = stats.chi(df=3)  # Z ~ chi_3 (unbounded)
+    m = RandomSensitivityGaussian(dist, noise_multiplier=sigma)
+
+    def dens(z):
+        return mp.sqrt(2 / mp.pi) * z * z * mp.exp(-z * z / 2)
+
+    def dg(z):
+        mu = z / sigma
+        return _mp_phi(-eps / mu + mu / 2) - mp.exp(eps) * _mp_phi(-eps / mu - mu / 2)
+
+    ref = float(mp.quad(lambda z: dens(z) * dg(z) if z > 0 else 0, [0, 1, 2, 4, 8, mp.inf]))
+    assert abs(float(m.delta(eps)) - ref) <= 1e-9
+
+
+# --------------------------------------------------------------- API
+def test_json_round_trip_and_registry():
+    m = JL(noise_multiplier=0.6, jl_projections=5, sampling_rate=256 / 25000)
+    d = m.to_dict()
+    assert d["kind"] == "jl"
+    assert fdp.mechanisms.base.mechanism_from_dict(json.loads(json.dumps(d))) == m
+    acc = fdp.PLDAccountant().compose(m, steps=3)
+    assert fdp.PLDAccountant.from_json(acc.to_json()).events == acc.events
+    rsg = RandomSensitivityGaussian(stats.chi(3), noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="JSON"):
+        rsg.to_dict()
+
+
+def test_exports():
+    assert fdp.JL is JL and fdp.RandomSensitivityGaussian is RandomSensitivityGaussian
+    assert JL(noise_multiplier=1.0, jl_projections=2).is_symmetric()
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(noise_multiplier=0.0, jl_projections=3), "noise_multiplier"),
+    (dict(noise_multiplier=-1.0, jl_projections=3), "noise_multiplier"),
+    (dict(noise_multiplier=float("nan"), jl_projections=3), "noise_multiplier"),
+    (dict(noise_multiplier=1.0, jl_projections=0), "jl_projections"),
+    (dict(noise_multiplier=1.0, jl_projections=2.5), "jl_projections"),
+    (dict(noise_multiplier=1.0, jl_projections=float("nan")), "jl_projections"),
+    (dict(noise_multiplier=1.0, jl_projections=3, sampling_rate=0.0), "sampling_rate"),
+    (dict(noise_multiplier=1.0, jl_projections=3, sampling_rate=1.5), "sampling_rate"),
+    (dict(noise_multiplier=1.0, jl_projections=3, sampling_rate=float("nan")), "sampling_rate"),
+])
+def test_bad_input_names_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        JL(**kwargs)
+
+
+def test_random_sensitivity_bad_input():
+    with pytest.raises(ValueError, match="z_distribution"):
+        RandomSensitivityGaussian("chi", noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="z_distribution"):
+        RandomSensitivityGaussian(stats.norm(), noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        RandomSensitivityGaussian(stats.chi(2), noise_multiplier=float("nan"))
+    with pytest.raises(ValueError, match="sampling_rate"):
+        RandomSensitivityGaussian(stats.chi(2), noise_multiplier=1.0, sampling_rate=0)
