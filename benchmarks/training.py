@@ -22,7 +22,7 @@ imports (it pins TensorFlow <= 2.15 and Keras 2; see benchmarks/RESULTS.md).
 
     python benchmarks/training.py [--batch-size 64] [--mnist-batch-size 256]
         [--projections 1 4 16] [--steps 20] [--max-seconds 30] [--png training.png]
-        [--json training.json] [--quick]
+        [--json training.json] [--exact-methods vectorized loop] [--quick]
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _optimizer(name: str):
         return keras.optimizers.Adam(LEARNING_RATE)
     if name == "vanilla":
         return fdp_tf.DPAdamVanilla(**dp)
-    if name in ("vanilla_loop", "vanilla_vectorized"):
+    if name.startswith("vanilla_"):
         return fdp_tf.DPAdamVanilla(per_example_method=name.split("_")[1], **dp)
     if name.startswith("jl"):
         return fdp_tf.DPAdamJL(jl_projections=int(name[2:]), **dp)
@@ -233,7 +233,7 @@ def _label(opt: str) -> str:
         return "non-DP Adam"
     if opt == "vanilla":
         return "DPAdamVanilla (exact)"
-    if opt in ("vanilla_loop", "vanilla_vectorized"):
+    if opt.startswith("vanilla_"):
         return f"DPAdamVanilla (exact, {opt.split('_')[1]})"
     if opt == "tfp":
         return "TF Privacy DPKerasAdam"
@@ -310,6 +310,10 @@ def main() -> None:
                         help="run every configuration in this process (memory column meaningless)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 10 tokens, batches 4 / 8, 2 steps, r = 1 and 2, in-process")
+    parser.add_argument("--exact-methods", nargs="*", default=None,
+                        choices=["layerwise", "vectorized", "loop"],
+                        help="exact DP-Adam columns besides per_example_method='auto' (default: "
+                             "vectorized, the pfor approach of TF Privacy; --quick: loop)")
     parser.add_argument("--png", default="")
     parser.add_argument("--json", default="", help="write the raw results here")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -320,6 +324,8 @@ def main() -> None:
     if args.quick:
         args.batch_size, args.mnist_batch_size, args.length = 4, 8, 10
         args.projections, args.steps, args.warmup, args.in_process = [1, 2], 2, 1, True
+    if args.exact_methods is None:
+        args.exact_methods = ["loop"] if args.quick else ["vectorized"]
 
     load_before = os.getloadavg()
     tfp = _tfp_status()
@@ -336,8 +342,8 @@ def main() -> None:
     for model_name in args.models:
         batch = args.batch_size if model_name == "imdb" else args.mnist_batch_size
         results[model_name] = {}
-        # "auto" loops for the BiLSTM already; for the CNN it vectorises, so time the loop too.
-        extra = ["vanilla_loop"] if model_name == "mnist" else []
+        # "auto" picks layerwise for both models; time the other exact methods beside it.
+        extra = [f"vanilla_{m}" for m in args.exact_methods]
         for opt in [*opts, *extra]:
             config = dict(model_name=model_name, opt_name=opt, batch=batch, steps=args.steps,
                           warmup=args.warmup, max_seconds=args.max_seconds, length=args.length)

@@ -26,10 +26,10 @@ __all__ = [
 ]
 
 JvpMethod = Literal["auto", "forward", "double_vjp"]
-PerExampleMethod = Literal["auto", "vectorized", "loop"]
+PerExampleMethod = Literal["auto", "layerwise", "vectorized", "loop"]
 
 JVP_METHODS: tuple[str, ...] = ("auto", "forward", "double_vjp")
-PER_EXAMPLE_METHODS: tuple[str, ...] = ("auto", "vectorized", "loop")
+PER_EXAMPLE_METHODS: tuple[str, ...] = ("auto", "layerwise", "vectorized", "loop")
 
 # r nested tf.autodiff.ForwardAccumulators share one forward pass, but the traced
 # graph grows faster than 2**r (measured on a 2-layer MLP: 124, 278, 5065 ops for
@@ -51,7 +51,9 @@ class DPConfig:
         ``"double_vjp"`` (reverse-over-reverse, any r, works through
         ``tf.while_loop``), or ``"auto"`` (decided per model).
       per_example_method: how exact per-example gradients are computed
-        (``"vectorized"`` = ``GradientTape.jacobian`` with pfor, ``"loop"`` =
+        (``"layerwise"`` = exact norms layer by layer from activations and
+        backpropagated gradients, then one reweighted backward pass;
+        ``"vectorized"`` = ``GradientTape.jacobian`` with pfor, ``"loop"`` =
         one backward pass per example, ``"auto"``).
 
     Raises:

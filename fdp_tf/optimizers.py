@@ -33,6 +33,7 @@ from fdp_tf.gradients import (
     ForwardPass,
     PrivateGradient,
     jl_private_gradient,
+    layerwise_unsupported,
     vanilla_private_gradient,
 )
 from fdp_tf.introspection import looped_rnn_layers
@@ -291,11 +292,21 @@ class _VanillaMixin(DPOptimizer):
         return fdp.Gaussian(noise_multiplier=self.noise_multiplier, sampling_rate=sampling_rate)
 
     def resolve_per_example_method(self, model: keras.layers.Layer | None = None) -> str:
-        """``"vectorized"`` (pfor) unless the model has a looped RNN (then ``"loop"``,
-        because vectorising a ``tf.while_loop`` traces for tens of seconds)."""
+        """What ``per_example_method="auto"`` picks for ``model``.
+
+        ``"layerwise"`` when every trainable variable belongs to a layer it handles
+        (Dense, Embedding, Conv2D, LSTM / GRU / SimpleRNN without internal dropout, also
+        inside Bidirectional): exact norms from activations and backpropagated
+        gradients, then one reweighted backward pass, with no per-example gradient of
+        the whole model in memory. Otherwise ``"vectorized"`` (pfor) unless the model
+        has a looped RNN (then ``"loop"``, because vectorising a ``tf.while_loop``
+        traces for tens of seconds).
+        """
         method = self.dp_config.per_example_method
         if method != "auto":
             return method
+        if model is not None and layerwise_unsupported(model) is None:
+            return "layerwise"
         if model is not None and looped_rnn_layers(model):
             return "loop"
         return "vectorized"
@@ -308,7 +319,8 @@ class _VanillaMixin(DPOptimizer):
             noise_multiplier=self.noise_multiplier,
             batch_size=self.expected_batch_size,
             seed=self.noise_seed_generator,
-            vectorized=self.resolve_per_example_method(model) == "vectorized",
+            per_example_method=self.resolve_per_example_method(model),
+            model=model,
         )
 
 
@@ -342,7 +354,7 @@ class DPSGDVanilla(_VanillaMixin, keras.optimizers.SGD):
     """DP-SGD with exact per-example clipping (seed, Algorithm 4; Abadi et al. 2016).
 
     Keyword arguments: those of :class:`DPOptimizer`, ``per_example_method``
-    (``"auto"``, ``"vectorized"``, ``"loop"``) and those of ``keras.optimizers.SGD``.
+    (``"auto"``, ``"layerwise"``, ``"vectorized"``, ``"loop"``) and those of ``keras.optimizers.SGD``.
     """
 
 

@@ -88,8 +88,12 @@ def test_auto_strategy_per_model() -> None:
     assert jl1.resolve_jvp_method(gru_model(unroll=True)) == "forward"
     assert jl1.resolve_jvp_method(bilstm_model()) == "double_vjp"
     assert jl5.resolve_jvp_method(dense_model()) == "double_vjp"
-    assert vanilla.resolve_per_example_method(dense_model()) == "vectorized"
-    assert vanilla.resolve_per_example_method(bilstm_model()) == "loop"
+    assert vanilla.resolve_per_example_method(dense_model()) == "layerwise"
+    assert vanilla.resolve_per_example_method(bilstm_model()) == "layerwise"
+    normed = keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(4), keras.layers.BatchNormalization(), keras.layers.Dense(2)]
+    )
+    assert vanilla.resolve_per_example_method(normed) == "vectorized"
 
 
 def test_one_step_with_zero_noise_and_huge_clip_equals_keras_sgd() -> None:

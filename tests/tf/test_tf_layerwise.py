@@ -1,0 +1,164 @@
+"""Exact per-example norms layer by layer (per_example_method="layerwise") against the loop.
+
+||g_i|| from activations and backpropagated gradients (Dense, Embedding, Conv2D, LSTM, GRU,
+SimpleRNN, Bidirectional) must equal the norm of the per-example gradient computed one
+example at a time, and the clipped gradient must be (1/B) sum_i c_i g_i.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("tensorflow", minversion="2.16")
+pytest.importorskip("keras", minversion="3.0")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import fdp_tf
+from fdp_tf.gradients import layerwise_norms, layerwise_unsupported
+from tf_helpers import (
+    bilstm_model,
+    conv_model,
+    dense_data,
+    dense_model,
+    flat,
+    forward_fn,
+    gru_model,
+    image_data,
+    loop_per_example_gradients,
+    sequence_data,
+)
+
+L = keras.layers
+
+
+def _seq(steps: int, *layers: keras.layers.Layer, vocab: int = 20, mask_zero: bool = False) -> keras.Model:
+    return keras.Sequential(
+        [keras.Input((steps,), dtype="int32"), L.Embedding(vocab, 6, mask_zero=mask_zero), *layers]
+    )
+
+
+MODELS = {
+    "bilstm": lambda: bilstm_model(),
+    "gru": lambda: gru_model(),
+    "conv": lambda: conv_model(),
+    "dense": lambda: dense_model(),
+    "gru_reset_before_backwards_sequences": lambda: _seq(
+        5, L.GRU(5, reset_after=False, go_backwards=True, return_sequences=True),
+        L.Dense(3, activation="tanh"), L.Flatten(), L.Dense(2),
+    ),
+    "simple_rnn_no_bias_then_lstm": lambda: _seq(
+        5, L.SimpleRNN(4, use_bias=False, return_sequences=True), L.LSTM(3), L.Dense(2),
+    ),
+    "bilstm_sum_masked": lambda: _seq(
+        6, L.Bidirectional(L.LSTM(4, return_sequences=True), merge_mode="sum"),
+        L.GlobalAveragePooling1D(), L.Dense(2), mask_zero=True,
+    ),
+    "conv_strided_same": lambda: keras.Sequential(
+        [keras.Input((8, 8, 1)), L.Conv2D(3, 3, strides=2, padding="same", activation="relu"),
+         L.Conv2D(2, 2, dilation_rate=2), L.Flatten(), L.Dense(3)]
+    ),
+}
+
+
+def _data(name: str, n: int = 6):
+    if name.startswith("conv"):
+        return image_data(n=n)
+    if name == "dense":
+        return dense_data(n=n)
+    steps = 6 if name == "bilstm_sum_masked" else 5
+    x, y = sequence_data(n=n, steps=steps)
+    if name == "bilstm_sum_masked":
+        x[:3, :2] = 0  # padding at the start of some sequences
+        x[3, -1] = 0  # and at the end of one
+    return x, y
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_layerwise_norms_equal_loop(name: str) -> None:
+    model = MODELS[name]()
+    x, y = _data(name)
+    assert layerwise_unsupported(model) is None
+    recorded, norms, reason = layerwise_norms(
+        forward_fn(model, x, y, training=False), model.trainable_variables, model
+    )
+    assert reason is None
+    exact = loop_per_example_gradients(model, x, y)
+    np.testing.assert_allclose(norms.numpy(), [np.linalg.norm(g) for g in exact], rtol=1e-4)
+    # The recorded pass (RNNs run with the projection outside the loop) is the model's output.
+    np.testing.assert_allclose(recorded.forward.outputs.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["bilstm", "conv"])
+def test_layerwise_clipped_gradient_equals_example_by_example_sum(name: str) -> None:
+    model = MODELS[name]()
+    x, y = _data(name)
+    clip, batch = 0.05, 8
+    result = fdp_tf.vanilla_private_gradient(
+        forward_fn(model, x, y, training=False), model.trainable_variables,
+        l2_norm_clip=clip, noise_multiplier=0.0, batch_size=batch,
+        per_example_method="layerwise", model=model,
+    )
+    exact = loop_per_example_gradients(model, x, y)
+    factors = result.clip_factors.numpy()
+    assert factors.min() < 1.0
+    np.testing.assert_allclose(factors, [min(1.0, clip / np.linalg.norm(g)) for g in exact], rtol=1e-4)
+    expected = sum(c * g for c, g in zip(factors, exact)) / batch
+    np.testing.assert_allclose(flat(result.gradients), expected, rtol=1e-4, atol=1e-7)
+
+
+def test_layerwise_inside_tf_function_matches_eager() -> None:
+    model = bilstm_model()
+    x, y = _data("bilstm")
+    variables = model.trainable_variables
+
+    @tf.function
+    def norms():
+        return layerwise_norms(forward_fn(model, x, y, training=False), variables, model)[1]
+
+    exact = [np.linalg.norm(g) for g in loop_per_example_gradients(model, x, y)]
+    np.testing.assert_allclose(norms().numpy(), exact, rtol=1e-4)
+
+
+def test_auto_picks_layerwise_only_for_supported_models() -> None:
+    opt = fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=1.0)
+    for build in (bilstm_model, gru_model, conv_model, dense_model):
+        assert opt.resolve_per_example_method(build()) == "layerwise"
+    normed = keras.Sequential([keras.Input((5,)), L.Dense(4), L.LayerNormalization(), L.Dense(2)])
+    assert "layer_normalization" in layerwise_unsupported(normed)
+    assert opt.resolve_per_example_method(normed) == "vectorized"
+    dropout_lstm = _seq(5, L.LSTM(4, dropout=0.2), L.Dense(2))
+    assert opt.resolve_per_example_method(dropout_lstm) == "loop"
+    forced = fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=1.0, per_example_method="loop")
+    assert forced.resolve_per_example_method(bilstm_model()) == "loop"
+
+
+def test_layerwise_falls_back_when_a_layer_is_shared() -> None:
+    """A layer called twice has a per-example gradient that is a sum over calls: fall back."""
+    inputs = keras.Input((5,))
+    shared = L.Dense(5, activation="tanh")
+    outputs = L.Dense(3)(shared(shared(inputs)))
+    model = keras.Model(inputs, outputs)
+    x, y = dense_data(n=5)
+    with pytest.warns(RuntimeWarning, match="called more than once"):
+        result = fdp_tf.vanilla_private_gradient(
+            forward_fn(model, x, y, training=False), model.trainable_variables,
+            l2_norm_clip=1.0, noise_multiplier=0.0, per_example_method="layerwise", model=model,
+        )
+    expected = [np.linalg.norm(g) for g in loop_per_example_gradients(model, x, y)]
+    np.testing.assert_allclose(result.norms.numpy(), expected, rtol=1e-4)
+
+
+def test_fit_with_layerwise_trains_the_bilstm() -> None:
+    x, y = sequence_data(n=64)
+    model = fdp_tf.make_private(
+        bilstm_model(),
+        optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5, learning_rate=0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+    )
+    data = fdp_tf.poisson_batches(x, y, expected_batch_size=16, steps_per_epoch=4, seed=0)
+    history = model.fit(data, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+    assert model.optimizer.steps == 4
