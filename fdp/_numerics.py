@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-__all__ = ["log1mexp", "logsubexp", "log_norm_interval", "norm_interval"]
+__all__ = ["log1mexp", "logsubexp", "log_norm_interval", "log_norm_cells", "norm_interval"]
 
 
 def log1mexp(a: np.ndarray) -> np.ndarray:
@@ -41,6 +41,30 @@ def log_norm_interval(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     lo = np.where(right, special.log_ndtr(-a), special.log_ndtr(b))
     hi = np.where(right, special.log_ndtr(-b), special.log_ndtr(a))
     return logsubexp(lo, hi)
+
+
+def log_norm_cells(t: np.ndarray) -> np.ndarray:
+    """log|Phi(t[k+1]) - Phi(t[k])| for k = 0..n-1, t monotone (either direction).
+
+    The same tail rule as :func:`log_norm_interval` (cells right of zero through
+    Phi_bar), with one ``log_ndtr`` per point instead of four per cell: each point
+    gets L = log Phi(-|t|), the log of its smaller tail. A cell with both ends
+    <= 0 is logsubexp(L_b, L_a), one with both ends > 0 logsubexp(L_a, L_b), and
+    the (at most one) cell across zero uses log Phi(b) = log1mexp(L_b).
+    """
+    t = np.asarray(t, dtype=np.float64)
+    if t.size >= 2 and t[0] > t[-1]:
+        return log_norm_cells(t[::-1])[::-1]
+    tails = special.log_ndtr(-np.abs(t))  # log of the smaller tail at each point
+    a, b = t[:-1], t[1:]
+    la, lb = tails[:-1], tails[1:]
+    right = a > 0
+    across = (a <= 0) & (b > 0)
+    hi_end = np.where(right, la, lb)
+    lo_end = np.where(right, lb, la)
+    if np.any(across):
+        hi_end = np.where(across, log1mexp(np.minimum(lb, 0.0)), hi_end)
+    return logsubexp(hi_end, lo_end)
 
 
 def norm_interval(a: np.ndarray, b: np.ndarray) -> np.ndarray:

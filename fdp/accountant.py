@@ -45,6 +45,10 @@ MAX_STEPS = 10**11
 _COARSE_POINTS = 2000
 #: Largest single-step grid.
 _MAX_STEP_POINTS = 1 << 22
+#: Cells of a single-step optimistic grid cut at a cap (heavy-tail lower bound).
+_CAP_POINTS = 1 << 20
+#: Successive caps of :meth:`PLDAccountant._capped_lower` grow by this factor.
+_CAP_GROWTH = 1000.0
 
 
 @dataclass(frozen=True)
@@ -140,8 +144,11 @@ class PLDAccountant:
         pessimistic side once the optimistic one has stopped moving; at most
         ``max_refinements`` times each. The tolerance is ``epsilon_rtol * upper``,
         or the mechanisms' own ``intrinsic_rtol`` if larger (a mechanism known only
-        up to a bound, like the JL mechanism, has a gap no grid can close). Every
-        value computed is a valid bound, whatever its level.
+        up to a bound, like the JL mechanism, has a gap no grid can close). If the
+        bounds end more than 2x apart (a heavy upper tail stretched the grid, as
+        for ``fdp.JL`` with r = 1), the lower bound is recomputed on grids cut at a
+        cap (:meth:`_capped_lower`). Every value computed is a valid bound,
+        whatever its level.
         """
         delta = check_delta(delta)
         self._require_events()
@@ -172,10 +179,10 @@ class PLDAccountant:
                 level[(d, True)] = level[(d, False)] = 0
                 continue
             if not refine or gap <= rtol * hi or not math.isfinite(hi):
-                return _reported(lo, hi, delta, rtol)
+                break
             sides = [s for s in (False, True) if (d, s) not in stalled and level[(d, s)] < self.max_refinements]
             if not sides:
-                return _reported(lo, hi, delta, rtol)
+                break
             side = sides[0]
             before = his[d] if side else los[d]
             level[(d, side)] += 1
@@ -188,6 +195,47 @@ class PLDAccountant:
             if abs(after - before) < 0.25 * gap and inexact:
                 # converged in h: the rest of the gap is the mechanism's own (intrinsic_rtol)
                 stalled.add((d, side))
+        if refine and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
+            lo = max(lo, self._capped_lower(d, delta, tail, lo, hi))
+        return _reported(lo, hi, delta, rtol)
+
+    def _capped_lower(self, direction: Direction, delta: float, tail_mass: float,
+                      lower: float, upper: float) -> float:
+        """A lower bound on epsilon from optimistic grids cut at growing caps.
+
+        A heavy upper tail (fdp.JL with r = 1: P(L > l) ~ l^(-1/2)) stretches the
+        automatic grid to losses ~1e15, so h is huge and rounding every step down by
+        up to h (T h in all) swamps the lower bound. For a LOWER bound the range may
+        be cut anywhere: the mass above a cap c is put at c (``p_right`` on the top
+        point), which only lowers losses, so delta(eps) of the composition only
+        decreases (monotone in each loss, by coupling). On [l_0, c] with
+        2^20 cells the spacing is h = (c - l_0) / 2^20 and the rounding costs at most
+        T h; the FFT window may be cut too, since mass above it wraps to smaller
+        losses (:mod:`fdp.pld.compose`). Caps start at 10 * max(lower, 10) and grow
+        1000x until the bound found is below c / 10 (the cap no longer limits it),
+        the cap passes 4 * upper, or the grid would not be cut any more. Every value
+        found is a valid lower bound; the largest is returned.
+        """
+        events = self._grouped()
+        steps = sum(c for _, c in events)
+        top = max(m.loss_range(direction, max(tail_mass / steps, 1e-300))[1] for m, _ in events)
+        best = lower
+        cap = 10.0 * max(lower, 10.0)
+        while cap < top:
+            if math.isfinite(upper):
+                cap = min(cap, 4.0 * upper)
+            key = ("capped", direction, tail_mass, cap)
+            if key not in self._cache:
+                plds = capped_optimistic_plds([m for m, _ in events], direction, tail_mass / steps, cap)
+                self._cache[key] = compose([(pld, c) for pld, (_, c) in zip(plds, events)],
+                                           pessimistic=False, tail_mass=tail_mass,
+                                           max_points=self.max_points)
+            found = self._cache[key].epsilon(delta)
+            best = max(best, found)
+            if found < 0.1 * cap or (math.isfinite(upper) and cap >= 4.0 * upper):
+                break
+            cap *= _CAP_GROWTH
+        return best
 
     def get_delta(self, epsilon: float) -> float:
         """Certified upper bound on delta at ``epsilon``."""
@@ -328,6 +376,20 @@ class PLDAccountant:
             # mass above the grid goes to +inf in the pessimistic cells (sound, looser)
             grids.append(Grid.covering(lo, min(hi, lo + h * _MAX_STEP_POINTS), h))
         return _Plan(h=h, tail_mass=tail_mass, grids=tuple(grids))
+
+
+def capped_optimistic_plds(mechanisms: list[Mechanism], direction: Direction, step_tail: float,
+                           cap: float) -> list[DiscretePLD]:
+    """Optimistic single-step PLDs on one grid cut at the loss ``cap`` (2^20 cells).
+
+    The mass above ``cap`` sits on the top grid point: losses only decrease, so
+    every composition of these PLDs has delta(eps) <= the truth (a lower bound).
+    """
+    ranges = [m.loss_range(direction, max(step_tail, 1e-300)) for m in mechanisms]
+    bottom = min(lo for lo, _ in ranges)
+    h = (cap - bottom) / _CAP_POINTS
+    return [discretise_optimistic(m.loss_cells(direction, Grid.covering(lo, min(hi, cap), h), pessimistic=False))
+            for m, (lo, hi) in zip(mechanisms, ranges)]
 
 
 def _reported(lo: float, hi: float, delta: float, rtol: float) -> tuple[float, float]:

@@ -221,3 +221,34 @@ def test_a_fixed_grid_too_fine_for_the_loss_range_still_gives_a_sound_bound():
         lo, hi = acc.get_epsilon_bounds(1e-5)
     exact = gdp_epsilon(1e-5, 2.0)
     assert lo <= exact <= hi
+
+
+@pytest.mark.parametrize("max_points", [600, 5000])
+def test_fft_composition_brackets_exact_convolution_when_the_window_is_cut(max_points: int) -> None:
+    """A heavy upper tail forces the window to be cut at max_points: the pessimistic
+    PLD charges the cut mass to +inf, the optimistic one lets it wrap to smaller
+    losses (only lowering delta); both must bracket the exact (direct) convolution."""
+    from fdp.pld.compose import compose
+    from fdp.pld.pmf import DiscretePLD
+
+    h, offset = 0.01, -20
+    k = np.arange(2000) + offset
+    # a valid PLD shape: most mass near zero, a polynomial tail to large losses
+    pmf = np.where(k <= 0, np.exp(-0.5 * ((k + 5) / 4.0) ** 2), 0.02 * (np.abs(k) + 1.0) ** -1.5)
+    pmf /= pmf.sum()
+    pld = DiscretePLD(h=h, offset=offset, pmf=pmf)
+    steps = 3
+    exact = pmf
+    for _ in range(steps - 1):
+        exact = np.convolve(exact, pmf)
+    exact_pld = DiscretePLD(h=h, offset=steps * offset, pmf=exact)
+    upper = compose([(pld, steps)], pessimistic=True, tail_mass=1e-12, max_points=max_points)
+    lower = compose([(pld, steps)], pessimistic=False, tail_mass=1e-12, max_points=max_points)
+    assert upper.pmf.size <= max_points and lower.pmf.size <= max_points
+    eps = np.linspace(0.0, 50.0, 101)
+    truth = exact_pld.delta(eps)
+    assert np.all(upper.delta(eps) >= truth - 1e-12)
+    assert np.all(lower.delta(eps) <= truth + 1e-12)
+    if max_points == 600:  # cut: the wrapped tail is not charged to the lower bound
+        assert upper.p_inf > 1e-3
+        assert lower.delta(1.0) > 0.5 * truth[2]

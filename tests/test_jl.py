@@ -297,3 +297,51 @@ def test_small_r_range_follows_the_tail_to_a_finite_upper_bound(r):
                                           steps).get_epsilon_bounds(1e-5)
     assert g_lo <= lo <= hi < math.inf
     assert hi > 2000.0  # beyond the old fixed cap of the loss grid
+
+
+def _mp_remove_delta_r1(eps, sigma, p):
+    """delta(eps) of one subsampled JL step with r = 1 (remove), by mp.quad in log chi2.
+
+    Only chi2 < 2 mu_eps^-2 sigma^-2 matters (mu = Z / sigma must reach sqrt(2 eps)), so the
+    integral runs over u = log chi2 around that scale.
+    """
+    eps, sigma, p = mp.mpf(eps), mp.mpf(sigma), mp.mpf(p)
+
+    def dsg(mu):
+        x = (mp.log((mp.e ** eps - (1 - p)) / p) + mu ** 2 / 2) / mu
+        return (1 - p) * mp.ncdf(-x) + p * mp.ncdf(mu - x) - mp.e ** eps * mp.ncdf(-x)
+
+    def f(u):
+        c = mp.e ** u
+        return dsg(1 / (mp.sqrt(c) * sigma)) * c * mp.exp(-c / 2) / mp.sqrt(2 * mp.pi * c)
+
+    top = mp.log(1 / (sigma ** 2 * eps)) + 2
+    return mp.quad(f, [top - 80, top - 40, top - 20, top - 10, top - 5, top - 2, top])
+
+
+@pytest.mark.parametrize("h", [1.8e9, 9.5e6])
+def test_block_merged_atoms_stay_below_their_likelihood_ratio_on_coarse_grids(h):
+    """r = 1 spans losses to ~1e15, so its grids are coarse and most components are merged
+    over blocks of many cells. Each merged atom must sit at or below the block's likelihood
+    ratio: a one-step optimistic delta above the truth would make every lower bound unsound
+    (it once was, 2x at eps = 1e9, when u/P rounded to 1)."""
+    sigma, p = 0.6, 256 / 25000
+    mech = JL(noise_multiplier=sigma, jl_projections=1, sampling_rate=p)
+    grid = Grid.covering(math.log1p(-p), min(1e15, h * 2 ** 20), h)
+    lower = discretise_optimistic(mech.loss_cells(Direction.REMOVE, grid, pessimistic=False))
+    upper = discretise_pessimistic(mech.loss_cells(Direction.REMOVE, grid, pessimistic=True))
+    for eps in (1e9, 1e10, 1e11):
+        truth = float(_mp_remove_delta_r1(eps, sigma, p))
+        assert float(lower.delta(eps)) <= truth * (1 + 1e-9)
+        assert float(upper.delta(eps)) >= truth * (1 - 1e-9)
+    assert float(lower.delta(1e10)) > 0.5 * float(_mp_remove_delta_r1(1e10, sigma, p))
+
+
+def test_heavy_tail_lower_bound_uses_capped_grids():
+    """r = 1: the automatic grid spans ~1e15 and its lower bound is useless; grids cut at a
+    cap (mass above moved down to the cap) give a lower bound within 10x of the upper."""
+    mech = JL(noise_multiplier=0.6, jl_projections=1, sampling_rate=256 / 25000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        lo, hi = fdp.PLDAccountant().compose(mech, 98).get_epsilon_bounds(1e-5)
+    assert 1e9 < lo <= hi < 10 * lo

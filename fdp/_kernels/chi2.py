@@ -219,6 +219,11 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, stride,
         pc = math.exp(lpc)
         if pc <= 0.0:
             continue
+        # log Q of the block (Q-mass), for the merged atom's likelihood ratio below
+        if remove:
+            lqb = lq
+        else:
+            lqb = _logaddexp(log1mp + lpc, logp + l1) if p < 1.0 else l1
         top = -math.expm1(-width * h)  # largest u/P of the block (all mass at its right end)
         u = min(max(u, 0.0), pc * top)
         if width == 1:
@@ -229,12 +234,14 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, stride,
             p_cell[k] += w * (pc - right)
             p_cell[k + width - 1] += w * right
             u_cell[k + width - 1] += w * right * emh
-        else:  # merged atom at ell* = ell_k + d, d = -log(1 - u/P), rounded down to the grid
-            ratio = min(u / pc, top)  # (subnormal pc can make u/pc round to 1)
-            j = width - 1
-            if ratio < 1.0:
-                j = min(int(-math.log1p(-ratio) / h), width - 1)
-            p_cell[k + max(j, 0)] += w * pc
+        else:  # merged atom at ell* = log(P/Q) of the block, rounded down to the grid
+            # from the logs, not from u/P: where e^{ell_k} Q << P, u/P rounds to 1 and
+            # -log(1 - u/P) would lose ell*; a margin of 1e-9 cells absorbs round-off
+            # (rounding down further is always safe)
+            j = 0
+            if lqb > -np.inf:
+                j = int(math.floor((lpc - lqb - ell) / h - 1e-9))
+            p_cell[k + min(max(j, 0), width - 1)] += w * pc
     # ---- tails of the grid (exact where the window reaches the grid ends)
     j = m - 1
     if remove:

@@ -14,10 +14,15 @@ exact moment generating function of the discretised losses,
     P(S >= t) <= exp(sum_c T_c K_c(lam) - lam t),  K_c(lam) = log E[e^{lam L_c}],  (2)
     P(S <= t) <= exp(sum_c T_c K_c(-lam) + lam t),
 
-and charge it: added to +inf for a pessimistic PLD (delta can only grow), and
-subtracted from delta for an optimistic one (delta can only shrink). Float
-round-off of the FFT is estimated from the negative entries it produces and
-charged the same way. The window is chosen so that (2) is below ``tail_mass``.
+and charge it: added to +inf for a pessimistic PLD (delta can only grow). For an
+optimistic PLD only the lower tail is charged (subtracted from delta): mass above
+the window at true loss l lands at l - m N h < l (m >= 1) or in the discarded
+padding, and delta(eps) = sum_l (1 - e^(eps - l))_+ P(l) is non-decreasing in
+every l, so that mass can only lower delta; mass below the window lands higher,
+which could raise it. This keeps the lower bound useful when a heavy upper tail
+forces the window to be cut (``max_points``). Float round-off of the FFT is
+estimated from the negative entries it produces and charged to both sides the
+same way. The window is chosen so that (2) is below ``tail_mass``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.fft
 
+from fdp._kernels.power import complex_power
 from fdp.pld.pmf import DiscretePLD
 
 __all__ = ["compose", "composed_window", "MAX_FFT_POINTS"]
@@ -145,7 +151,7 @@ def compose(
     for pld, count in components:
         f = scipy.fft.rfft(pld.pmf, n=n_fft) if pld.pmf.size <= n_fft else scipy.fft.rfft(_fold(pld.pmf, n_fft))
         if count > 1:
-            f = np.power(f, count, out=f)
+            f = complex_power(f, count)  # repeated squaring, in place
         spectrum = f if spectrum is None else np.multiply(spectrum, f, out=spectrum)
         base += count * pld.offset
     full = scipy.fft.irfft(spectrum, n=n_fft)
@@ -159,10 +165,12 @@ def compose(
     noise = max(0.0, -lowest, 4.0 * np.finfo(float).eps * max(highest, -lowest))
     out = np.maximum(out, 0.0)  # a compact copy (the FFT buffer is released)
     round_off = noise * needed
-    charge = bound_lo + bound_hi + round_off
     if pessimistic:
+        charge = bound_lo + bound_hi + round_off
         return DiscretePLD(h=h, offset=w0, pmf=out, p_inf=min(1.0, p_inf + charge), delta_shift=shift,
                            round_off=round_off)
+    # upper-tail mass wraps to smaller losses (or is dropped): it only lowers delta
+    charge = bound_lo + round_off
     return DiscretePLD(h=h, offset=w0, pmf=out, p_inf=p_inf, delta_shift=shift - charge, round_off=round_off)
 
 

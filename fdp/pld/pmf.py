@@ -158,7 +158,9 @@ def _log_mgf(pmf, offset, h, lam):  # pragma: no cover - numba
     of the support keeps every factor <= 1; the factors are powers of
     r = e^{-|lam| h}, built by repeated multiplication (no exp per term). That
     recurrence has relative error <= n * 2^-52, which is added to the result so
-    that Chernoff bounds built on it stay upper bounds.
+    that Chernoff bounds built on it stay upper bounds. Once the factor has
+    fallen below 1e-18 of the sum, the remaining terms are bounded by factor *
+    (total mass) and added instead of summed (an upper bound, and an early exit).
     """
     n = pmf.shape[0]
     first = 0
@@ -175,6 +177,9 @@ def _log_mgf(pmf, offset, h, lam):  # pragma: no cover - numba
     lo = (offset + first) * h
     hi = (offset + last) * h
     guard = 4.0 * (last - first + 2) * 2.220446049250313e-16
+    total = 0.0
+    for k in range(first, last + 1):
+        total += pmf[k]
     for i in range(m):
         r = math.exp(-abs(lam[i]) * h)
         acc = 0.0
@@ -183,11 +188,17 @@ def _log_mgf(pmf, offset, h, lam):  # pragma: no cover - numba
             for k in range(last, first - 1, -1):
                 acc += pmf[k] * f
                 f *= r
+                if f * total < 1e-18 * acc:  # the rest adds < f * total: bound it, stop
+                    acc += f * total
+                    break
             ref = hi
         else:
             for k in range(first, last + 1):
                 acc += pmf[k] * f
                 f *= r
+                if f * total < 1e-18 * acc:
+                    acc += f * total
+                    break
             ref = lo
         out[i] = lam[i] * ref + math.log(acc) + guard
     return out
