@@ -175,7 +175,8 @@ def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma
     balancing rarely fails (the other way round it fails every other cell). The
     meeting point m is chosen to minimise the total P-mass rounded down (each
     rounding moves mass down by less than one cell). At m the two carries are
-    balanced against each other and what is left is rounded down.
+    balanced against each other and what is left against the atoms already placed
+    nearby (:func:`_junction`); only what those cannot balance is rounded down.
     """
     n = p_cell.shape[0]
     scratch = np.zeros(n + 1)
@@ -247,11 +248,62 @@ def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma
     pmf = np.zeros(n + 1)
     cp, cd = _left_sweep(h, p_cell, u_cell, p_left, d_left, m, pmf, scratch)
     rp, re = _right_sweep(h, p_cell, u_cell, p_right, u_right, m, pmf, scratch)
-    if cd <= re:
-        pmf[m] += cp + rp  # the rest of the right carry (ratio in [x_m, x_{m+1}]) rounds down
-    else:
-        phi = re / cd
-        pmf[m] += phi * cp + rp
-        if m > 0:
-            pmf[m - 1] += (1.0 - phi) * cp
+    _junction(h, m, cp, cd, rp, re, pmf)
     return pmf
+
+
+#: How far from the meeting point the junction looks for atoms to balance against.
+_JUNCTION_REACH = 64
+
+
+@njit(cache=True)
+def _junction(h, m, cp, cd, rp, re, pmf):  # pragma: no cover - numba
+    """Merge the two carries at x_m, balancing what is left against placed atoms.
+
+    The left carry (P-mass cp, deficit cd = x_m Q - P) and the right carry (rp,
+    excess re = P - x_m Q) are merged into an atom at x_m as far as they balance.
+    What is left would have to be rounded down (first-order in h). Instead it is
+    balanced against atoms the sweeps already placed, which are themselves merges
+    of original outcomes with ratio >= their grid point: an atom of P-mass A at
+    x_j, j < m, has deficit at most A (x_m / x_j - 1) at x_m (at most: a rounded-
+    down atom has less Q than A / x_j), one at x_j, j > m, excess at least
+    A (1 - x_m / x_j). Merging part of it with the leftover carry gives a group
+    whose ratio is >= x_m; placing it at x_m is a merge (a garbling) followed at
+    most by rounding down, so the result stays dominated by the truth. Only what
+    no atom within ``_JUNCTION_REACH`` points balances is rounded down.
+    """
+    n = pmf.shape[0] - 1
+    if cd <= re:
+        excess = re - cd  # left by the merged carries; balance it with atoms below m
+        pmf[m] += cp + rp
+        for j in range(m - 1, max(m - 1 - _JUNCTION_REACH, -1), -1):
+            if excess <= 0.0:
+                break
+            per_mass = math.expm1((m - j) * h)  # deficit per unit P-mass at x_m
+            take = min(pmf[j], excess / per_mass)
+            pmf[j] -= take
+            pmf[m] += take
+            excess -= take * per_mass
+        # the unbalanced rest of the right carry (ratio in [x_m, x_{m+1}]) stays at x_m: rounded down
+        return
+    phi = re / cd
+    pmf[m] += phi * cp + rp
+    left_p = (1.0 - phi) * cp
+    deficit = (1.0 - phi) * cd
+    for j in range(m + 1, min(m + 1 + _JUNCTION_REACH, n + 1)):
+        if deficit <= 0.0:
+            break
+        per_mass = -math.expm1(-(j - m) * h)  # excess per unit P-mass at x_m
+        take = min(pmf[j], deficit / per_mass)
+        pmf[j] -= take
+        pmf[m] += take
+        deficit -= take * per_mass
+    if deficit > 0.0 and (1.0 - phi) * cd > 0.0:
+        # the unbalanced share of the left carry (ratio in [x_{m-1}, x_m]) rounds down
+        share = deficit / ((1.0 - phi) * cd)
+        pmf[m] += (1.0 - share) * left_p
+        if m > 0:
+            pmf[m - 1] += share * left_p
+        # (m = 0: the left tail has no point below; dropping P-mass only lowers delta)
+    else:
+        pmf[m] += left_p
