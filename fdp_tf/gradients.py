@@ -601,6 +601,11 @@ def layerwise_unsupported(model: Any, variables: Sequence[Any] | None = None) ->
     covered: set[int] = set()
     unsupported: list[str] = []
     for layer in iter_layers(model):
+        if isinstance(layer, keras.layers.Wrapper) and not isinstance(layer, keras.layers.Bidirectional):
+            # e.g. TimeDistributed folds time into the batch: its inner layer would see
+            # b*T rows, not b examples
+            unsupported.append(f"wrapper {type(layer).__name__} ({layer.name!r})")
+            continue
         kind = _tap_kind(layer)
         if kind is not None:
             covered.update(id(v) for v in kind[1])
@@ -909,6 +914,14 @@ class _LayerTaps:
         for tap, grad in zip(self.taps, grads):
             part = tap.squared_norms(tf.convert_to_tensor(grad), wanted)
             if part is not None:
+                # a layer that saw rows other than the b examples (batch folded with
+                # another axis) would give wrong norms, and with b = 1 they would even
+                # broadcast silently: refuse at run time
+                tf.debugging.assert_equal(
+                    tf.shape(part)[0], tf.shape(losses)[0],
+                    message=f"per_example_method='layerwise': layer {tap.layer.name!r} did not "
+                            "see one row per example; use per_example_method='vectorized'",
+                )
                 parts.append(tf.cast(part, losses.dtype))
         return tf.add_n(parts) if parts else tf.zeros_like(losses)
 
@@ -927,6 +940,9 @@ def layerwise_norms(
       reason when the model cannot be handled this way (the caller falls back to
       :func:`per_example_gradients` on the same recorded pass).
     """
+    reason = layerwise_unsupported(model, variables)
+    if reason is not None:
+        return record_forward(forward_fn, persistent=True), None, reason
     taps = _LayerTaps(model, variables)
     with taps:
         recorded = record_forward(forward_fn, persistent=True)

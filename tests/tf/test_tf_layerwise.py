@@ -142,7 +142,12 @@ def test_layerwise_falls_back_when_a_layer_is_shared() -> None:
     outputs = L.Dense(3)(shared(shared(inputs)))
     model = keras.Model(inputs, outputs)
     x, y = dense_data(n=5)
-    with pytest.warns(RuntimeWarning, match="called more than once"):
+    _assert_fallback_norms_exact(model, x, y, "called more than once")
+
+
+def _assert_fallback_norms_exact(model: keras.Model, x, y, reason: str) -> None:
+    """Forced "layerwise" warns ``reason``, falls back, and still gives the loop's norms."""
+    with pytest.warns(RuntimeWarning, match=reason):
         result = fdp_tf.vanilla_private_gradient(
             forward_fn(model, x, y, training=False), model.trainable_variables,
             l2_norm_clip=1.0, noise_multiplier=0.0, per_example_method="layerwise", model=model,
@@ -162,3 +167,19 @@ def test_fit_with_layerwise_trains_the_bilstm() -> None:
     history = model.fit(data, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][-1])
     assert model.optimizer.steps == 4
+
+
+def test_time_distributed_is_not_taken_for_b_examples():
+    """TimeDistributed folds time into the batch, so its inner Dense sees b*T rows: the
+    layer-wise path must not use it (fallback, with the exact norms of the loop)."""
+    model = keras.Sequential([
+        keras.Input((4, 3)), L.TimeDistributed(L.Dense(2, activation="tanh")), L.Flatten(), L.Dense(2),
+    ])
+    assert "TimeDistributed" in layerwise_unsupported(model)
+    opt = fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=1.0)
+    assert opt.resolve_per_example_method(model) != "layerwise"
+    rng = np.random.default_rng(0)
+    for n in (1, 5):  # n = 1: b*T rows would broadcast against one loss
+        x = rng.normal(size=(n, 4, 3)).astype("float32")
+        y = rng.integers(0, 2, size=n)
+        _assert_fallback_norms_exact(model, x, y, "TimeDistributed")
