@@ -14,7 +14,7 @@ one and its upper bound lowered to the smallest later one. ``--check`` also time
 one public-API query (r = 10, T = 1,465).
 
 Usage:
-  python benchmarks/privacy_curves.py [--png PATH] [--epochs 15] [--check]
+  python benchmarks/privacy_curves.py [--png PATH] [--epochs 15] [--check] [--quiet]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 import fdp
+from fdp._progress import Progress
 from fdp.accountant import _tail_budget, capped_optimistic_plds
 from fdp.pld.cells import Direction
 from fdp.pld.compose import compose
@@ -57,12 +58,26 @@ def curve(mech: fdp.Mechanism, epochs: int) -> list[tuple[float, float]]:
     max_points = 1 << 21 if heavy else fdp.accountant.MAX_FFT_POINTS
     acc = fdp.PLDAccountant().compose(mech, steps=t_max)
 
-    def side(d: Direction, pessimistic: bool):
+    def side(d: Direction, pessimistic: bool, plan: fdp.PLDAccountant = acc):
         # the accountant's grids for the largest T: level 0 for the upper bound, one
         # halving for the (looser) merging lower bound, as its refinement would do
-        grid = acc._plan(d, tail, 0 if pessimistic else 1).grids[0]
+        grid = plan._plan(d, tail, 0 if pessimistic else 1).grids[0]
         discretise = discretise_pessimistic if pessimistic else discretise_optimistic
         return discretise(mech.loss_cells(d, grid, pessimistic=pessimistic))
+
+    # r = 1: the loss range (hence h) grows with T, so a grid sized for epoch 15 is far
+    # too coarse for epoch 1; the leading upper bound uses grids sized for epochs
+    # 1, 2, 4, 8, ... (any grid is sound for any T; this is only tightness)
+    horizons: dict[int, object] = {}
+
+    def heavy_upper(d: Direction, t: int):
+        e = 1
+        while e * STEPS_PER_EPOCH < t:
+            e *= 2
+        t_plan = min(e * STEPS_PER_EPOCH, t_max)
+        if t_plan not in horizons:
+            horizons[t_plan] = side(d, True, fdp.PLDAccountant().compose(mech, steps=t_plan))
+        return horizons[t_plan]
 
     def eps(pld, t: int, pessimistic: bool) -> float:
         return compose([(pld, t)], pessimistic=pessimistic, tail_mass=tail, max_points=max_points).epsilon(DELTA)
@@ -80,6 +95,8 @@ def curve(mech: fdp.Mechanism, epochs: int) -> list[tuple[float, float]]:
     for e in range(1, epochs + 1):
         t = e * STEPS_PER_EPOCH
         hi = last[lead] if t == t_max else eps(uppers[lead], t, True)
+        if heavy and t < t_max:
+            hi = min(hi, eps(heavy_upper(lead, t), t, True))
         if capped is not None:  # the grid sized for the tail is too coarse for the lower bound
             lo = capped(t, hi)
         else:
@@ -141,14 +158,18 @@ def main() -> None:
     ap.add_argument("--png", help="write the figure (matplotlib, Agg) to this path")
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--check", action="store_true", help="also time one PLDAccountant query")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     results, timings = {}, {}
+    bar = Progress("privacy_curves", not args.quiet)
     for name, mech in mechanisms().items():
+        bar.update(f"computing {name}")
         t1 = time.perf_counter()
         results[name] = curve(mech, args.epochs)
         timings[name] = time.perf_counter() - t1
+    bar.close("done")
     total = time.perf_counter() - t0
 
     names = list(results)

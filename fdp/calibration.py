@@ -51,6 +51,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from fdp._progress import Progress
 from fdp._validation import check_delta, check_integer, check_real, check_sampling_rate, format_value
 from fdp.accountant import MAX_STEPS, PLDAccountant
 from fdp.mechanisms.base import Mechanism
@@ -84,6 +85,7 @@ def calibrate_noise_multiplier(
     jl_projections: int | None = None,
     accountant: PLDAccountant | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
+    progress: bool = False,
 ) -> float:
     """Smallest noise multiplier whose certified epsilon at ``delta`` is <= ``target_epsilon``.
 
@@ -112,6 +114,9 @@ def calibrate_noise_multiplier(
       tolerance: relative tolerance on sigma in [1e-9, 0.5]: the result hi
         and the largest sigma found to miss the target, lo, satisfy
         hi <= lo (1 + tolerance).
+      progress: write one line per probed sigma to stderr (the bracket so far and
+        the certified epsilon there); each probe runs an accountant, a fraction of
+        a second for the Gaussian, up to ~1 s for ``fdp.JL``.
 
     Returns:
       sigma (float) in [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER] at which
@@ -141,6 +146,8 @@ def calibrate_noise_multiplier(
     template = accountant if accountant is not None else PLDAccountant()
 
     cache: dict[float, float] = {}
+    bar = Progress("calibrate_noise_multiplier", progress)
+    bracket = [0.0, math.inf]  # largest sigma seen to miss, smallest seen to meet
 
     def eps_up(sigma: float) -> float:
         """Certified upper bound on epsilon at sigma; inf where the accountant fails."""
@@ -161,11 +168,26 @@ def calibrate_noise_multiplier(
                 # the accountant cannot certify this sigma (e.g. a loss range too
                 # wide for its grid): treat it as missing the target (safe side)
                 cache[sigma] = math.inf
+            if cache[sigma] <= eps_target:
+                bracket[1] = min(bracket[1], sigma)
+            else:
+                bracket[0] = max(bracket[0], sigma)
+            bar.update(f"{len(cache)} evaluations, sigma in [{bracket[0]:.6g}, {bracket[1]:.6g}], "
+                       f"eps({sigma:.6g}) = {cache[sigma]:.6g}")
         return cache[sigma]
 
     def meets(sigma: float) -> bool:
         return eps_up(sigma) <= eps_target
 
+    try:
+        return _search(meets, eps_up, eps_target, delta, steps, p, tol)
+    finally:
+        bar.close()
+
+
+def _search(meets: Callable[[float], bool], eps_up: Callable[[float], float], eps_target: float,
+            delta: float, steps: int, p: float, tol: float) -> float:
+    """Bracket [lo, hi] with meets(hi) and not meets(lo), then bisect in log sigma."""
     # ---- bracket [lo, hi] with meets(hi) and not meets(lo)
     s0 = min(max(_initial_guess(eps_target, delta, steps, p), MIN_NOISE_MULTIPLIER), MAX_NOISE_MULTIPLIER)
     factor = 1.1
@@ -178,7 +200,7 @@ def calibrate_noise_multiplier(
                     f"noise_multiplier={MIN_NOISE_MULTIPLIER:g}, the smallest searched; returning it "
                     "(it meets the target but smaller values were not tried)",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=3,  # the caller of calibrate_noise_multiplier
                 )
                 return MIN_NOISE_MULTIPLIER
             lo = max(hi / factor, MIN_NOISE_MULTIPLIER)

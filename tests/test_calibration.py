@@ -159,3 +159,21 @@ def test_bad_input(kwargs, match):
 def test_arguments_are_keyword_only():
     with pytest.raises(TypeError):
         fdp.calibrate_noise_multiplier(1.0, DELTA, 10, 0.5)  # type: ignore[misc]
+
+
+def test_progress_reports_each_probe_on_stderr(capsys):
+    sigma = fdp.calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=500,
+                                           sampling_rate=0.02, progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("calibrate_noise_multiplier:")]
+    assert len(lines) >= 3  # bracketing and bisection: one line per accountant run
+    assert "1 evaluations" in lines[0] and f"{len(lines)} evaluations" in lines[-1]
+    lo, hi = (float(v) for v in lines[-1].split("sigma in [")[1].split("]")[0].split(", "))
+    assert lo < sigma == pytest.approx(hi, rel=1e-5)
+    fdp.calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=500, sampling_rate=0.02)
+    assert capsys.readouterr().err == ""  # silent by default
+
+
+def test_warning_points_at_the_caller():
+    with pytest.warns(UserWarning, match="already met") as record:
+        fdp.calibrate_noise_multiplier(target_epsilon=1e6, delta=0.5, steps=1, sampling_rate=1e-6)
+    assert record[0].filename == __file__
