@@ -180,21 +180,8 @@ class PLDAccountant:
                 continue
             if not refine or gap <= rtol * hi or not math.isfinite(hi):
                 break
-            sides = [s for s in (False, True) if (d, s) not in stalled and level[(d, s)] < self.max_refinements]
-            if not sides:
+            if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), gap, inexact):
                 break
-            side = sides[0]
-            before = his[d] if side else los[d]
-            level[(d, side)] += 1
-            try:
-                after = value(d, side)
-            except ValueError:  # the finer grid needs more than max_points: keep this level
-                level[(d, side)] -= 1
-                stalled.add((d, side))
-                continue
-            if abs(after - before) < 0.25 * gap and inexact:
-                # converged in h: the rest of the gap is the mechanism's own (intrinsic_rtol)
-                stalled.add((d, side))
         if refine and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
             lo = max(lo, self._capped_lower(d, delta, tail, lo, hi))
         return _reported(lo, hi, delta, rtol)
@@ -242,14 +229,64 @@ class PLDAccountant:
         return self.get_delta_bounds(epsilon)[1]
 
     def get_delta_bounds(self, epsilon: float) -> tuple[float, float]:
-        """(lower, upper) bounds on the exact delta at ``epsilon`` (epsilon >= 0)."""
+        """(lower, upper) bounds on the exact delta at ``epsilon`` (epsilon >= 0).
+
+        Refined like :meth:`get_epsilon_bounds` (one side of the leading direction
+        at a time, the optimistic side first, at most ``max_refinements`` halvings)
+        until the bracket is as tight as an epsilon bracket would be: the upper
+        curve must come down to the lower bound ``lo`` within
+        ``epsilon_rtol * max(epsilon, 1)`` of ``epsilon`` (a relative gap on delta
+        itself would ask far more where delta(eps) is steep). The tolerance is the
+        mechanisms' ``intrinsic_rtol`` if larger. Every value is a valid bound.
+        """
         epsilon = check_real("epsilon", epsilon, low=0.0)
         self._require_events()
-        lo = hi = 0.0
-        for d in self._directions():
-            hi = max(hi, float(self._side(d, True, 1e-15).delta(epsilon)))
-            lo = max(lo, float(self._side(d, False, 1e-15).delta(epsilon)))
-        return lo, hi
+        tail = 1e-15
+        refine = self.grid_spacing is None
+        directions = self._directions()
+        rtol = max([self.epsilon_rtol] + [m.intrinsic_rtol for m, _ in self._grouped()])
+        inexact = rtol > self.epsilon_rtol
+        level = {(d, s): 0 for d in directions for s in (True, False)}
+        stalled: set[tuple[Direction, bool]] = set()
+
+        def value(d: Direction, pessimistic: bool) -> float:
+            return float(self._side(d, pessimistic, tail, level[(d, pessimistic)]).delta(epsilon))
+
+        while True:
+            his = {d: value(d, True) for d in directions}
+            los = {d: value(d, False) for d in directions}
+            hi, lo = max(his.values()), max(los.values())
+            d = max(his, key=his.get)
+            if not refine or hi <= lo or lo >= 1.0:
+                return lo, hi
+            upper = self._side(d, True, tail, level[(d, True)])
+            reach = upper.epsilon(lo) if lo > 0.0 else math.inf  # where the upper curve is down to lo
+            if reach - epsilon <= rtol * max(epsilon, 1.0):
+                return lo, hi
+            if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), hi - lo, inexact):
+                return lo, hi
+
+    def _refine_one_side(self, d: Direction, level: dict, stalled: set, value: Any,
+                         before: tuple[float, float], gap: float, inexact: bool) -> bool:
+        """Halve h on one side of direction ``d``: the optimistic side first (the merging
+        discretisation is the looser one), the pessimistic side once it has stalled.
+        ``before`` is the (optimistic, pessimistic) value at the current levels. Returns
+        False when no side can be refined any more."""
+        sides = [s for s in (False, True) if (d, s) not in stalled and level[(d, s)] < self.max_refinements]
+        if not sides:
+            return False
+        side = sides[0]
+        level[(d, side)] += 1
+        try:
+            after = value(d, side)
+        except ValueError:  # the finer grid needs more than max_points: keep this level
+            level[(d, side)] -= 1
+            stalled.add((d, side))
+            return True
+        if abs(after - before[int(side)]) < 0.25 * gap and inexact:
+            # converged in h: the rest of the gap is the mechanism's own (intrinsic_rtol)
+            stalled.add((d, side))
+        return True
 
     def composed_pld(self, direction: Direction | str = "remove", *, pessimistic: bool = True,
                      tail_mass: float = 1e-15) -> DiscretePLD:

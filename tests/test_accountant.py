@@ -283,3 +283,18 @@ def test_merging_lower_bound_needs_no_refinement_at_long_horizons():
     finer_upper = acc._side(Direction.REMOVE, True, tail, 2).epsilon(1e-6)
     assert lower <= finer_upper <= upper
     assert upper - lower <= 1e-3 * upper
+
+
+def test_delta_bounds_are_refined_to_the_epsilon_tolerance():
+    """q = 0.01024, sigma = 0.6, T = 1465: on the automatic grid the delta bracket at
+    eps ~ 8.875 is 29 % wide; refined, the upper curve reaches the lower bound within
+    epsilon_rtol * eps of eps, i.e. about the width of the epsilon bracket."""
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=0.6, sampling_rate=256 / 25000), 1465)
+    eps_lo, eps_hi = acc.get_epsilon_bounds(1e-5)
+    lo, hi = acc.get_delta_bounds(eps_hi)
+    assert lo <= 1e-5 * (1 + 1e-9) and hi >= lo  # eps_hi is certified at delta = 1e-5
+    assert (hi - lo) / hi < 0.02
+    fixed = fdp.PLDAccountant(grid_spacing=acc._plan(Direction.REMOVE, 1e-15, 0).h)
+    fixed.compose(fdp.Gaussian(noise_multiplier=0.6, sampling_rate=256 / 25000), 1465)
+    flo, fhi = fixed.get_delta_bounds(eps_hi)  # a fixed grid is not refined
+    assert flo <= hi and lo <= fhi and (fhi - flo) > (hi - lo)
