@@ -28,8 +28,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from fdp._validation import check_delta, check_integer, check_real
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict
 from fdp.pld.cells import Direction, Grid

@@ -66,7 +66,7 @@ def assert_same_truth(a, b):
 
 def assert_ordered(small, large):
     """Intervals with eps_true(small) <= eps_true(large)."""
-    (lo_s, hi_s), (lo_l, hi_l) = small, large
+    (lo_s, hi_s), (_, hi_l) = small, large
     assert lo_s <= hi_l + ROUND, (small, large)
     assert hi_s <= hi_l + (hi_s - lo_s) + ROUND, (small, large)
     if hi_s - lo_s <= EPSILON_RTOL * hi_s:  # converged: the rtol form

@@ -187,7 +187,6 @@ def _times_exp(sign: np.ndarray, log_a: np.ndarray, log_b: np.ndarray) -> np.nda
 def _continuous_cells(b: float, p: float, direction: Direction, grid: Grid) -> LossCells:
     """Cells of the region-C part (0 < x < 1) of the P-measure."""
     ell = grid.points
-    n = grid.n
     log1mp = math.log1p(-p) if p < 1.0 else -math.inf
     logp = math.log(p)
     # n + 2 intervals: left tail, the n cells, right tail; ref = their reference loss
