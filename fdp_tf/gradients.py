@@ -235,7 +235,10 @@ def double_vjp_projections(
             for d, g in zip(directions, vjp)
         ]
         targets = tf.add_n(inner)  # [r]: <G(u), v_j>
-    jac = outer.jacobian(targets, u, unconnected_gradients=_ZERO, experimental_use_pfor=False)
+    # one iteration at a time: running the r second vjps concurrently kept r copies of
+    # the backward pass's intermediates alive (peak memory grew with r)
+    jac = outer.jacobian(targets, u, unconnected_gradients=_ZERO, experimental_use_pfor=False,
+                         parallel_iterations=1)
     return tf.transpose(jac)
 
 
