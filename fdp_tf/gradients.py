@@ -564,6 +564,15 @@ def _tap_kind(layer: Any) -> tuple[str, list[Any]] | None:
     ):
         owned = _owned(layer, ["_kernel", "bias"])
         return ("conv2d", owned) if owned is not None else None
+    if (
+        type(layer) is L.Conv1D
+        and _layer_has_plain_call(layer, L.Conv1D)
+        and layer.data_format == "channels_last"
+        and getattr(layer, "groups", 1) == 1
+        and layer.padding in ("valid", "same", "causal")
+    ):
+        owned = _owned(layer, ["_kernel", "bias"])
+        return ("conv1d", owned) if owned is not None else None
     for cls, cell_cls, kind in (
         (L.LSTM, L.LSTMCell, "lstm"),
         (L.GRU, L.GRUCell, "gru"),
@@ -590,7 +599,7 @@ def _tap_kind(layer: Any) -> tuple[str, list[Any]] | None:
 def layerwise_unsupported(model: Any, variables: Sequence[Any] | None = None) -> str | None:
     """Why ``per_example_method="layerwise"`` cannot handle ``model``, or ``None`` if it can.
 
-    Supported: ``Dense``, ``Embedding``, ``Conv2D`` (channels-last, no groups),
+    Supported: ``Dense``, ``Embedding``, ``Conv1D`` / ``Conv2D`` (channels-last, no groups),
     ``LSTM`` / ``GRU`` / ``SimpleRNN`` without internal dropout and not stateful (also inside
     ``Bidirectional``); layers without trainable variables (pooling, dropout, flatten,
     activations, ...) may appear anywhere. Every trainable variable must belong to a
@@ -678,6 +687,22 @@ class _Tap:
                 patches = tf.image.extract_patches(
                     tf.cast(v["inputs"], grad.dtype), sizes=[1, kh, kw, 1], strides=[1, sh, sw, 1],
                     rates=[1, dh, dw, 1], padding=layer.padding.upper(),
+                )
+                parts.append(_sum_outer_sq(_flatten_middle(patches), g))
+            if want(layer.bias):
+                parts.append(_sq_rows(tf.reduce_sum(g, axis=1)))
+        elif self.kind == "conv1d":  # as a conv2d of height 1; causal = left padding, then valid
+            (k,), (stride,), (dilation,) = layer.kernel_size, layer.strides, layer.dilation_rate
+            g = _flatten_middle(grad)
+            if want(layer._kernel):
+                x = tf.cast(v["inputs"], grad.dtype)
+                padding = layer.padding.upper()
+                if layer.padding == "causal":
+                    x = tf.pad(x, [[0, 0], [dilation * (k - 1), 0], [0, 0]])
+                    padding = "VALID"
+                patches = tf.image.extract_patches(
+                    x[:, None, :, :], sizes=[1, 1, k, 1], strides=[1, 1, stride, 1],
+                    rates=[1, 1, dilation, 1], padding=padding,
                 )
                 parts.append(_sum_outer_sq(_flatten_middle(patches), g))
             if want(layer.bias):
@@ -866,7 +891,7 @@ class _LayerTaps:
                 self.failure = f"layer {layer.name!r} is called more than once"
                 return original(*args, **kwargs)
             tap = _Tap(kind, layer, owned)
-            if kind in ("dense", "conv2d"):
+            if kind in ("dense", "conv2d", "conv1d"):
                 activation = layer.activation
                 object.__setattr__(layer, "activation", None)
                 try:

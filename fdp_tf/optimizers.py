@@ -295,7 +295,7 @@ class _VanillaMixin(DPOptimizer):
         """What ``per_example_method="auto"`` picks for ``model``.
 
         ``"layerwise"`` when every trainable variable belongs to a layer it handles
-        (Dense, Embedding, Conv2D, LSTM / GRU / SimpleRNN without internal dropout, also
+        (Dense, Embedding, Conv1D, Conv2D, LSTM / GRU / SimpleRNN without internal dropout, also
         inside Bidirectional): exact norms from activations and backpropagated
         gradients, then one reweighted backward pass, with no per-example gradient of
         the whole model in memory. Otherwise ``"vectorized"`` (pfor) unless the model

@@ -56,6 +56,11 @@ MODELS = {
         6, L.Bidirectional(L.LSTM(4, return_sequences=True), merge_mode="sum"),
         L.GlobalAveragePooling1D(), L.Dense(2), mask_zero=True,
     ),
+    "conv1d_text": lambda: _seq(
+        9, L.Conv1D(4, 3, padding="causal", dilation_rate=2, activation="relu"),
+        L.Conv1D(3, 2, strides=2, padding="same"), L.Conv1D(2, 2, padding="valid"),
+        L.GlobalMaxPooling1D(), L.Dense(2),
+    ),
     "conv_strided_same": lambda: keras.Sequential(
         [keras.Input((8, 8, 1)), L.Conv2D(3, 3, strides=2, padding="same", activation="relu"),
          L.Conv2D(2, 2, dilation_rate=2), L.Flatten(), L.Dense(3)]
@@ -64,11 +69,11 @@ MODELS = {
 
 
 def _data(name: str, n: int = 6):
-    if name.startswith("conv"):
+    if name.startswith("conv") and name != "conv1d_text":
         return image_data(n=n)
     if name == "dense":
         return dense_data(n=n)
-    steps = 6 if name == "bilstm_sum_masked" else 5
+    steps = {"bilstm_sum_masked": 6, "conv1d_text": 9}.get(name, 5)
     x, y = sequence_data(n=n, steps=steps)
     if name == "bilstm_sum_masked":
         x[:3, :2] = 0  # padding at the start of some sequences
