@@ -175,6 +175,18 @@ class PrivateModel(keras.Model):
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, *args: Any, **kwargs: Any) -> None:
         """Keras ``compile``; ``loss`` must give one value per example (reduction=None)."""
         self._per_example_loss = per_example_loss_fn(loss)
+        from fdp_tf.introspection import iter_layers
+
+        policies = {getattr(layer.dtype_policy, "name", "float32") for layer in iter_layers(self)}
+        policy = next((p for p in sorted(policies) if p.startswith("mixed_")), "float32")
+        if isinstance(optimizer, DPOptimizer) and policy.startswith("mixed_"):
+            # Keras would wrap the optimizer in a LossScaleOptimizer, which applies
+            # gradients that did not go through the private clipping and noise
+            raise ValueError(
+                f"mixed precision (dtype policy {policy!r}) is not supported with the DP "
+                "optimizers: loss scaling wraps the optimizer and bypasses its clipping and "
+                "noise. Build the model under keras.mixed_precision.set_global_policy('float32')"
+            )
         if isinstance(optimizer, DPOptimizer) and kwargs.get("jit_compile", "auto") == "auto":
             # XLA support of forward-mode accumulators and while-loop jacobians
             # is not tested here; opt in with jit_compile=True.

@@ -156,3 +156,19 @@ def test_custom_training_loop_uses_public_gradient_path() -> None:
     optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
     assert optimizer.steps == 1
     assert result.norms.shape == (32,)
+
+
+def test_mixed_precision_is_refused_with_a_clear_error() -> None:
+    """Keras wraps the optimizer in a LossScaleOptimizer under mixed precision, which would
+    apply gradients that bypass the private clipping: refuse at compile, naming the policy."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        inner = dense_model()
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    with pytest.raises(ValueError, match="mixed precision .*mixed_float16"):
+        fdp_tf.make_private(
+            inner, optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+        )
