@@ -458,8 +458,9 @@ def vanilla_private_gradient(
     grads = [tf.tensordot(tf.cast(weights, g.dtype), g, axes=1) for g in per_example]
     reg = recorded.forward.regularization
     if reg is not None:
-        reg_grads = recorded.tape.gradient(reg, list(variables), unconnected_gradients=_ZERO)
-        grads = [g + tf.convert_to_tensor(rg) for g, rg in zip(grads, reg_grads)]
+        # not every variable is regularised; TF cannot zero-fill Keras variables (string dtype)
+        reg_grads = recorded.tape.gradient(reg, list(variables))
+        grads = [g if rg is None else g + tf.convert_to_tensor(rg) for g, rg in zip(grads, reg_grads)]
     stddev = noise_multiplier * l2_norm_clip / _resolve_batch_size(losses, batch_size)
     if noise_multiplier > 0:
         grads = add_gaussian_noise(grads, stddev, seed)
@@ -555,24 +556,17 @@ def _tap_kind(layer: Any) -> tuple[str, list[Any]] | None:
     if isinstance(layer, L.Embedding) and _layer_has_plain_call(layer, L.Embedding):
         owned = _owned(layer, ["_embeddings"]) if hasattr(layer, "_embeddings") else _owned(layer, ["embeddings"])
         return ("embedding", owned) if owned is not None else None
-    if (
-        type(layer) is L.Conv2D
-        and _layer_has_plain_call(layer, L.Conv2D)
-        and layer.data_format == "channels_last"
-        and getattr(layer, "groups", 1) == 1
-        and layer.padding in ("valid", "same")
-    ):
-        owned = _owned(layer, ["_kernel", "bias"])
-        return ("conv2d", owned) if owned is not None else None
-    if (
-        type(layer) is L.Conv1D
-        and _layer_has_plain_call(layer, L.Conv1D)
-        and layer.data_format == "channels_last"
-        and getattr(layer, "groups", 1) == 1
-        and layer.padding in ("valid", "same", "causal")
-    ):
-        owned = _owned(layer, ["_kernel", "bias"])
-        return ("conv1d", owned) if owned is not None else None
+    for cls, kind, paddings in ((L.Conv2D, "conv2d", ("valid", "same")),
+                                (L.Conv1D, "conv1d", ("valid", "same", "causal"))):
+        if (
+            type(layer) is cls
+            and _layer_has_plain_call(layer, cls)
+            and layer.data_format == "channels_last"
+            and getattr(layer, "groups", 1) == 1
+            and layer.padding in paddings
+        ):
+            owned = _owned(layer, ["_kernel", "bias"])
+            return (kind, owned) if owned is not None else None
     for cls, cell_cls, kind in (
         (L.LSTM, L.LSTMCell, "lstm"),
         (L.GRU, L.GRUCell, "gru"),

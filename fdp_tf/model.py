@@ -212,7 +212,20 @@ class PrivateModel(keras.Model):
         return self._per_example_loss(y, y_pred, sample_weight)
 
     def _regularization(self) -> tf.Tensor | None:
-        extra = self.losses
+        """Sum of the weight regularizers (data-independent: added unclipped, no privacy cost).
+
+        Losses from ``add_loss`` or ``activity_regularizer`` depend on the examples; their
+        gradient would bypass the per-example clipping, so they are refused.
+        """
+        data_losses = [loss for layer in self._flatten_layers(include_self=True)
+                       for loss in layer._get_own_losses()]
+        if data_losses:
+            raise ValueError(
+                "the model adds losses with add_loss or activity_regularizer; they depend on the "
+                "examples, and their gradient would not be clipped per example. Put such terms "
+                "into the per-example loss, or use weight regularizers (kernel_regularizer, ...)"
+            )
+        extra = self._get_regularization_losses()
         return tf.add_n([tf.cast(v, "float32") for v in extra]) if extra else None
 
     def compute_loss(

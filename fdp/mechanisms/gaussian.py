@@ -9,7 +9,7 @@ With sampling rate p the two directions are (see :mod:`fdp.mechanisms.base`)
 
 Both losses are monotone in x, so the cells of a loss grid are intervals of x
 and their masses are differences of Phi, computed in log space
-(:func:`fdp._numerics.log_norm_interval`). The threshold where the remove loss
+(:func:`fdp._numerics.log_norm_cells`). The threshold where the remove loss
 crosses ell is
 
     x(ell) = (log((e^ell - (1-p)) / p) + mu^2/2) / mu     for ell > log(1-p),   (1)
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from fdp._numerics import log_norm_interval, logsubexp
+from fdp._numerics import log_norm_cells, logsubexp
 from fdp._validation import check_real, check_sampling_rate
 from fdp.mechanisms.base import Mechanism, register_mechanism
 from fdp.pld.cells import Direction, Grid, LossCells
@@ -68,9 +68,8 @@ def subsampled_gaussian_cells(
     if direction is Direction.REMOVE:
         # cell k <-> x in (x(ell_k), x(ell_{k+1})]; P = (1-p) N(0,1) + p N(mu,1), Q = N(0,1)
         t = _threshold(ell, mu, p)
-        a, b = t[:-1], t[1:]
-        lq = log_norm_interval(a, b)  # log Q(cell)
-        l1 = log_norm_interval(a - mu, b - mu)  # log N(mu,1)(cell)
+        lq = log_norm_cells(t)  # log Q(cell): x in (t_k, t_{k+1}]
+        l1 = log_norm_cells(t - mu)  # log N(mu,1)(cell)
         log_p_cell = np.logaddexp(log1mp + lq, np.log(p) + l1)
         # u = p * N(mu,1)(cell) - (e^ell - (1-p)) * Q(cell); e^ell - (1-p) may be <= 0
         exc = _log_excess(ell[:-1], p)
@@ -95,9 +94,8 @@ def subsampled_gaussian_cells(
     else:
         # cell k <-> x in [x(-ell_{k+1}), x(-ell_k)); P = N(0,1), Q = (1-p) N(0,1) + p N(mu,1)
         t = _threshold(-ell, mu, p)  # decreasing in k; -inf where ell >= -log(1-p)
-        a, b = t[1:], t[:-1]
-        lp = log_norm_interval(a, b)
-        l1 = log_norm_interval(a - mu, b - mu)
+        lp = log_norm_cells(t)  # x in [t_{k+1}, t_k)
+        l1 = log_norm_cells(t - mu)
         p_cell = np.exp(lp)
         # u = P - e^ell Q = P (1 - (1-p) e^ell) - p e^ell N(mu,1)(cell)
         one_minus = -np.expm1(log1mp + ell[:-1]) if p < 1.0 else np.ones(ell.size - 1)

@@ -305,9 +305,14 @@ def test_projections_and_gradient_share_one_dropout_mask(method: str) -> None:
     fails if the projections came from another forward pass than the tape.
     """
     model = dense_model(inputs=5, hidden=16, dropout=0.5)
-    x, y = dense_data(n=6)
+    _assert_projections_from_the_recorded_pass(model, *dense_data(n=6), method, vectorized=True)
+
+
+def _assert_projections_from_the_recorded_pass(model, x, y, method: str, vectorized: bool) -> None:
+    """P_i1 equals <g_i, v_1> with g_i the per-example gradients of the same recorded pass."""
     directions = _directions(model, 1)
     variables = model.trainable_variables
+    n = len(x)
 
     @tf.function
     def run():
@@ -315,9 +320,9 @@ def test_projections_and_gradient_share_one_dropout_mask(method: str) -> None:
             forward_fn(model, x, y, training=True), variables, 1,
             jvp_method=method, directions=directions,
         )
-        per_example = fdp_tf.per_example_gradients(recorded, variables)
+        per_example = fdp_tf.per_example_gradients(recorded, variables, vectorized=vectorized)
         inner = tf.add_n(
-            [tf.reduce_sum(tf.reshape(g * d[0], (6, -1)), axis=1) for g, d in zip(per_example, directions)]
+            [tf.reduce_sum(tf.reshape(g * d[0], (n, -1)), axis=1) for g, d in zip(per_example, directions)]
         )
         return recorded.projections[:, 0], inner
 
@@ -371,24 +376,7 @@ def test_gru_internal_dropout_projections_match_the_same_pass() -> None:
             keras.layers.Dense(2),
         ]
     )
-    x, y = sequence_data(n=4)
-    directions = _directions(model, 1)
-    variables = model.trainable_variables
-
-    @tf.function
-    def run():
-        recorded, _ = fdp_tf.jl_norm_estimates(
-            forward_fn(model, x, y, training=True), variables, 1,
-            jvp_method="double_vjp", directions=directions,
-        )
-        per_example = fdp_tf.per_example_gradients(recorded, variables, vectorized=False)
-        inner = tf.add_n(
-            [tf.reduce_sum(tf.reshape(g * d[0], (4, -1)), axis=1) for g, d in zip(per_example, directions)]
-        )
-        return recorded.projections[:, 0], inner
-
-    projections, inner = run()
-    np.testing.assert_allclose(projections.numpy(), inner.numpy(), rtol=1e-4, atol=1e-6)
+    _assert_projections_from_the_recorded_pass(model, *sequence_data(n=4), "double_vjp", vectorized=False)
 
 
 class _MaskedMLP:

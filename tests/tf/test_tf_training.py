@@ -172,3 +172,32 @@ def test_mixed_precision_is_refused_with_a_clear_error() -> None:
             inner, optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
         )
+
+
+def test_data_dependent_losses_are_refused() -> None:
+    """An activity regularizer's gradient depends on the examples and is not clipped."""
+    inner = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activity_regularizer="l2"),
+                              keras.layers.Dense(2)])
+    model = fdp_tf.make_private(
+        inner, optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+    )
+    x, y = dense_data(n=32, classes=2)
+    data = fdp_tf.poisson_batches(x, y, expected_batch_size=8, steps_per_epoch=1, seed=0)
+    with pytest.raises(ValueError, match="activity_regularizer"):
+        model.fit(data, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("method", ["vectorized", "loop", "layerwise"])
+def test_weight_regularizer_trains_with_every_exact_method(method: str) -> None:
+    inner = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, kernel_regularizer="l2"),
+                              keras.layers.Dense(2)])
+    model = fdp_tf.make_private(
+        inner, optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5,
+                                              per_example_method=method),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+    )
+    x, y = dense_data(n=32, classes=2)
+    data = fdp_tf.poisson_batches(x, y, expected_batch_size=8, steps_per_epoch=2, seed=0)
+    history = model.fit(data, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1]) and model.optimizer.steps == 2
