@@ -84,7 +84,7 @@ class PrivacyCallback(keras.callbacks.Callback):
         self.delta = check_delta(delta)
         self.sampling_rate = None if sampling_rate is None else check_sampling_rate(sampling_rate)
         self.log_key = log_key
-        self._cache: dict[int, float] = {}
+        self._cache: dict[tuple[int, float], float] = {}
 
     def _rate(self) -> float:
         rate = self.sampling_rate
@@ -108,14 +108,14 @@ class PrivacyCallback(keras.callbacks.Callback):
         self._rate()
 
     def epsilon(self) -> float:
-        """Epsilon for the optimizer's current step count (cached per count)."""
+        """Epsilon for the optimizer's current step count and sampling rate (cached)."""
         optimizer = self.model.optimizer
-        steps = optimizer.steps
-        if steps not in self._cache:
-            self._cache[steps] = compute_epsilon(
-                optimizer, delta=self.delta, sampling_rate=self._rate(), steps=steps
+        key = (optimizer.steps, self._rate())
+        if key not in self._cache:
+            self._cache[key] = compute_epsilon(
+                optimizer, delta=self.delta, sampling_rate=key[1], steps=key[0]
             )
-        return self._cache[steps]
+        return self._cache[key]
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:

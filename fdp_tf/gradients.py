@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Union
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 __all__ = [
@@ -136,9 +137,20 @@ def sample_directions(
       A list, one tensor of shape ``[r, *variable.shape]`` per variable.
     """
     return [
-        keras.random.normal((jl_projections, *tuple(v.shape)), dtype=v.dtype, seed=seed)
-        for v in variables
+        keras.random.normal((jl_projections, *tuple(v.shape)), dtype=v.dtype, seed=s)
+        for v, s in zip(variables, _draw_seeds(seed, len(variables), stream=0))
     ]
+
+
+def _draw_seeds(seed: SeedLike, count: int, stream: int) -> list[Any]:
+    """One seed per random draw. A ``SeedGenerator`` (or None) advances by itself; an int
+    would give every draw the same numbers (equal noise on equally shaped variables, noise
+    equal to a JL direction), so it is expanded into distinct ints per draw and per stream
+    (0: JL directions, 1: noise)."""
+    if seed is None or isinstance(seed, keras.random.SeedGenerator):
+        return [seed] * count
+    state = np.random.SeedSequence([int(seed), stream]).generate_state(max(count, 1))
+    return [int(v) for v in state[:count]]
 
 
 def _raw_variables(variables: Sequence[Any]) -> list[tf.Variable]:
@@ -311,9 +323,9 @@ def add_gaussian_noise(
 ) -> list[tf.Tensor]:
     """g + stddev * N(0, I) per tensor; stddev = sigma C / B (Alg. 1, line 14)."""
     return [
-        g + keras.random.normal(tuple(g.shape), stddev=1.0, dtype=g.dtype, seed=seed)
+        g + keras.random.normal(tuple(g.shape), stddev=1.0, dtype=g.dtype, seed=s)
         * tf.cast(stddev, g.dtype)
-        for g in gradients
+        for g, s in zip(gradients, _draw_seeds(seed, len(gradients), stream=1))
     ]
 
 
@@ -597,7 +609,9 @@ def layerwise_unsupported(model: Any, variables: Sequence[Any] | None = None) ->
     ``LSTM`` / ``GRU`` / ``SimpleRNN`` without internal dropout and not stateful (also inside
     ``Bidirectional``); layers without trainable variables (pooling, dropout, flatten,
     activations, ...) may appear anywhere. Every trainable variable must belong to a
-    supported layer.
+    supported layer, and the model must be Sequential or functional (not subclassed) with no
+    Lambda layers: a variable read outside its own layer's call (tied weights) would escape
+    the taps and its norm would come out too small.
     """
     from fdp_tf.introspection import iter_layers
 
@@ -606,6 +620,8 @@ def layerwise_unsupported(model: Any, variables: Sequence[Any] | None = None) ->
     variables = list(model.trainable_variables if variables is None else variables)
     covered: set[int] = set()
     unsupported: list[str] = []
+    from fdp_tf.model import PrivateModel
+
     for layer in iter_layers(model):
         if isinstance(layer, keras.layers.Wrapper) and not isinstance(layer, keras.layers.Bidirectional):
             # e.g. TimeDistributed folds time into the batch: its inner layer would see
@@ -615,11 +631,30 @@ def layerwise_unsupported(model: Any, variables: Sequence[Any] | None = None) ->
         kind = _tap_kind(layer)
         if kind is not None:
             covered.update(id(v) for v in kind[1])
+            continue
+        # The taps see a variable only where its own layer's call reads it. Code that
+        # may read weights elsewhere (tied weights: a subclassed model's call, a Lambda,
+        # an unknown layer holding variables) would make the norms too small.
+        if isinstance(layer, keras.Model):
+            if type(layer) not in (keras.Sequential, PrivateModel, _functional_class()):
+                unsupported.append(f"subclassed model {type(layer).__name__} ({layer.name!r})")
+        elif isinstance(layer, keras.layers.Lambda):
+            unsupported.append(f"Lambda layer {layer.name!r}")
+        elif layer.trainable_variables and not isinstance(layer, keras.layers.Bidirectional):
+            unsupported.append(f"layer {type(layer).__name__} ({layer.name!r})")
     missing = [v for v in variables if id(v) not in covered]
     if missing:
         names = ", ".join(getattr(v, "path", getattr(v, "name", "?")) for v in missing[:4])
         unsupported.append(f"variables not owned by a supported layer: {names}")
     return "; ".join(unsupported) or None
+
+
+def _functional_class() -> type:
+    """The class of models built with keras.Model(inputs, outputs): their call only runs
+    their layers."""
+    from keras.src.models.functional import Functional
+
+    return Functional
 
 
 def _flatten_middle(t: tf.Tensor) -> tf.Tensor:

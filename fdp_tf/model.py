@@ -305,7 +305,7 @@ class PrivateModel(keras.Model):
         spec = poisson_sampling_of(x)
         optimizer = getattr(self, "optimizer", None)
         if spec is not None:
-            self.sampling_rate = spec.sampling_rate
+            self._set_sampling_rate(spec.sampling_rate, optimizer)
             self._set_expected_batch_size(optimizer, spec.expected_batch_size, strict=True)
             return
         if isinstance(optimizer, DPOptimizer):
@@ -313,8 +313,25 @@ class PrivateModel(keras.Model):
         n = _array_rows(x)
         if n is not None:
             size = min(batch_size or 32, n)
-            self.sampling_rate = size / n
+            self._set_sampling_rate(size / n, optimizer)
             self._set_expected_batch_size(optimizer, size, strict=False)
+
+    def _set_sampling_rate(self, rate: float, optimizer: Any) -> None:
+        """Record p for the accountant. The optimizer counts steps, not their rates, so once
+        steps have been taken at another rate every step is charged at the largest rate
+        seen (epsilon grows with p: an upper bound), with a warning."""
+        previous = self.sampling_rate
+        taken = optimizer.steps if isinstance(optimizer, DPOptimizer) else 0
+        if previous is not None and taken > 0 and rate != previous:
+            warnings.warn(
+                f"this fit samples at rate {rate:.6g}, earlier steps at {previous:.6g}; epsilon "
+                f"now charges all steps at the larger rate {max(rate, previous):.6g} (an upper "
+                "bound). For exact accounting of phases compose them in an fdp.PLDAccountant",
+                UserWarning,
+                stacklevel=4,
+            )
+            rate = max(rate, previous)
+        self.sampling_rate = rate
 
     def _set_expected_batch_size(self, optimizer: Any, size: int, *, strict: bool) -> None:
         if not isinstance(optimizer, DPOptimizer):

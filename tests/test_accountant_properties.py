@@ -22,7 +22,6 @@ eps_true unchanged exactly (tested where fdp.FromDistributions exists).
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -104,7 +103,6 @@ def test_composing_with_a_null_mechanism_changes_nothing(a, ta, tn, delta):
     assert abs(hi_n - hi_a) <= max(hi_a - lo_a, hi_n - lo_n) + tn * NULL_EPS + ROUND
 
 
-@pytest.mark.skipif(not hasattr(fdp, "FromDistributions"), reason="fdp.FromDistributions not available")
 @PROPS
 @given(a=gaussians(), ta=step_counts, tn=step_counts, delta=deltas)
 def test_composing_with_identical_distributions_changes_nothing(a, ta, tn, delta):

@@ -467,3 +467,15 @@ def test_vectorized_per_example_gradients_fall_back_to_the_loop(monkeypatch) -> 
         )
     expected = [np.linalg.norm(g) for g in loop_per_example_gradients(model, x, y)]
     np.testing.assert_allclose(result.norms.numpy(), expected, rtol=1e-4)
+
+
+def test_int_seed_gives_independent_draws_within_a_step() -> None:
+    """An int seed must not repeat one draw: equal noise on equally shaped variables, or
+    noise equal to a JL direction, would let an observer cancel it."""
+    shapes = [tf.zeros((3, 4)), tf.zeros((3, 4))]
+    noise = [n.numpy() for n in fdp_tf.add_gaussian_noise(shapes, 1.0, seed=7)]
+    directions = [d.numpy()[0] for d in fdp_tf.sample_directions(shapes, 1, seed=7)]
+    assert not np.allclose(noise[0], noise[1])
+    assert not np.allclose(noise[0], directions[0]) and not np.allclose(directions[0], directions[1])
+    again = fdp_tf.add_gaussian_noise(shapes, 1.0, seed=7)
+    np.testing.assert_array_equal(again[0].numpy(), noise[0])  # reproducible per call

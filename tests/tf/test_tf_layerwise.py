@@ -188,3 +188,30 @@ def test_time_distributed_is_not_taken_for_b_examples():
         x = rng.normal(size=(n, 4, 3)).astype("float32")
         y = rng.integers(0, 2, size=n)
         _assert_fallback_norms_exact(model, x, y, "TimeDistributed")
+
+
+class _TiedOutput(keras.Model):
+    """Logits h @ E^T with E the embedding table: E is read outside the Embedding's call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = L.Embedding(20, 6)
+        self.pool = L.GlobalAveragePooling1D()
+        self.hidden = L.Dense(6, activation="tanh")
+
+    def call(self, inputs, training=None):
+        h = self.hidden(self.pool(self.embed(inputs)))
+        return tf.matmul(h, self.embed.embeddings, transpose_b=True)[:, :2]
+
+
+def test_tied_weights_are_not_taken_layerwise():
+    """The taps see a variable only inside its own layer's call; a tied read elsewhere would
+    give too small norms, so subclassed models (and Lambda layers) are not layer-wise."""
+    model = _TiedOutput()
+    x, y = sequence_data(n=5)
+    model(x)
+    assert "subclassed model" in layerwise_unsupported(model)
+    assert fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=1.0).resolve_per_example_method(model) != "layerwise"
+    _assert_fallback_norms_exact(model, x, y, "subclassed model")
+    lam = keras.Sequential([keras.Input((5,)), L.Dense(3), L.Lambda(lambda t: 2.0 * t), L.Dense(2)])
+    assert "Lambda" in layerwise_unsupported(lam)

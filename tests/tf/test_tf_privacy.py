@@ -8,6 +8,7 @@ pytest.importorskip("tensorflow", minversion="2.16")
 pytest.importorskip("keras", minversion="3.0")
 
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -16,8 +17,6 @@ import fdp
 import fdp_tf
 from tf_helpers import CE, dense_data, dense_model
 
-HAS_ACCOUNTANT = hasattr(fdp, "PLDAccountant")
-needs_accountant = pytest.mark.skipif(not HAS_ACCOUNTANT, reason="fdp.PLDAccountant not available yet")
 DELTA = 1e-5
 
 
@@ -32,7 +31,6 @@ def test_optimizers_know_their_mechanism() -> None:
     assert exact.mechanism(0.01) == fdp.Gaussian(noise_multiplier=1.1, sampling_rate=0.01)
 
 
-@needs_accountant
 def test_epsilon_in_history_equals_accountant_gaussian() -> None:
     x, y = dense_data(n=200)
     optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=0.1, seed=0)
@@ -46,7 +44,6 @@ def test_epsilon_in_history_equals_accountant_gaussian() -> None:
     assert expected[0] < expected[1]
 
 
-@needs_accountant
 def test_epsilon_in_history_equals_accountant_jl() -> None:
     x, y = dense_data(n=100)
     optimizer = fdp_tf.DPSGDJL(
@@ -82,7 +79,6 @@ def test_steps_resume_after_save_and_restore(tmp_path) -> None:
     assert restored.optimizer.steps == 12
 
 
-@needs_accountant
 def test_epsilon_after_restore_counts_all_steps(tmp_path) -> None:
     x, y = dense_data(n=40)
     optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.2, learning_rate=0.1, seed=0)
@@ -128,3 +124,19 @@ def test_callback_refuses_non_private_optimizer_and_unknown_rate() -> None:
         fdp_tf.PrivacyCallback(delta=1.0)
     with pytest.raises(ValueError, match="sampling_rate"):
         fdp_tf.PrivacyCallback(delta=DELTA, sampling_rate=0.0)
+
+
+def test_a_later_fit_at_a_smaller_rate_does_not_lower_the_charged_rate() -> None:
+    """Steps taken at B/N = 0.25 stay charged at 0.25 when a later fit uses 0.0625."""
+    x, y = dense_data(n=64)
+    model = fdp_tf.make_private(
+        dense_model(), optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fdp_tf.SamplingWarning)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert model.sampling_rate == 0.25
+        with pytest.warns(UserWarning, match="larger rate 0.25"):
+            model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert model.sampling_rate == 0.25
