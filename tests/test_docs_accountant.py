@@ -48,12 +48,15 @@ def _gdp_mu(eps: float, delta: float) -> float:
 
 def _check_about_comments(block: str, values: list[float]) -> None:
     """Each '# about [a, b]' comment agrees with the live (lower, upper) to its shown digits."""
-    for match in re.finditer(r"# about \[([-\d.]+), ([-\d.]+)\]", block):
+    matches = list(re.finditer(r"# about \[([-\d.]+), ([-\d.]+)\]", block))
+    assert matches, "the block has no '# about [a, b]' comment (format changed?)"
+    for match in matches:
         shown = [match.group(1), match.group(2)]
         for text, live in zip(shown, values):
             decimals = len(text.split(".")[1]) if "." in text else 0
-            tol = max(2 * 10.0**-decimals, 5e-4 * abs(live))
-            assert abs(float(text) - live) <= tol, f"doc says about {text}, the accountant gives {live}"
+            # one unit of the last digit shown (timing-free: the values are deterministic)
+            assert abs(float(text) - live) <= 1.0001 * 10.0**-decimals, (
+                f"doc says about {text}, the accountant gives {live}")
 
 
 # ----------------------------------------------------------------- the checks

@@ -362,3 +362,19 @@ def test_delta_quadrature_resolves_the_step_at_large_eps(eps):
     sigma, p = 0.6, 256 / 25000
     got = float(JL(noise_multiplier=sigma, jl_projections=1, sampling_rate=p).delta(eps))
     assert got == pytest.approx(float(_mp_remove_delta_r1(eps, sigma, p)), rel=1e-9)
+
+
+def test_docs_jl_example_runs_and_its_bracket_holds():
+    """docs/jl.md's code block runs as written; its bracket comment matches."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "jl.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    ns: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        exec(compile(block, "docs/jl.md", "exec"), ns)
+        lo, hi = ns["acc"].get_epsilon_bounds(delta=1e-5)
+    stated = [float(v) for v in re.search(r"~ \(([\d.]+), ([\d.]+)\)", block).groups()]
+    assert lo == pytest.approx(stated[0], abs=0.05) and hi == pytest.approx(stated[1], abs=0.05)

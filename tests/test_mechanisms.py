@@ -577,3 +577,16 @@ def test_automatic_grid_passes_through_the_atoms_so_rr_is_exact(eps0, steps):
         exact = float(rr_composed_delta(eps, eps0, steps))
         lo, hi = acc.get_delta_bounds(eps)
         assert lo == pytest.approx(exact, rel=1e-9) and hi == pytest.approx(exact, rel=1e-9)
+
+
+def test_from_delta_lower_bound_stays_below_the_truth_beyond_max_epsilon():
+    """A profile whose last secant reaches 0 only beyond e^500 (mu-GDP, mu = 33): the
+    optimistic pair must not keep the last delta as an atom at +inf."""
+    from fdp.tradeoff.gaussian import gaussian_delta
+
+    mech = fdp.FromDelta(lambda e: gaussian_delta(e, 33.0))
+    acc = fdp.PLDAccountant().compose(mech, 1)
+    for eps in (505.0, 600.0):
+        lo, hi = acc.get_delta_bounds(eps)
+        truth = float(gaussian_delta(eps, 33.0))
+        assert lo <= truth * (1 + 1e-9) + 1e-12 <= hi * (1 + 1e-9) + 2e-12, (eps, lo, truth, hi)

@@ -213,7 +213,14 @@ def lower_profile(eps: np.ndarray, dlt: np.ndarray) -> tuple[np.ndarray, np.ndar
     vx = np.concatenate(cand_x)
     vd = np.clip(np.concatenate(cand_d), 0.0, 1.0)
     keep = np.isfinite(vx) & (vx >= 1.0) & (vx <= math.exp(MAX_EPSILON))
-    return np.log(vx[keep]), vd[keep]
+    vx, vd = vx[keep], vd[keep]
+    last = int(np.argmax(vx))
+    if vd[last] > 0.0:
+        # low reaches 0 only beyond e^MAX_EPSILON: end it at 0 there instead (below the
+        # last secant, so still <= delta). Without a zero the (eps, delta) envelope would
+        # keep delta = vd[last] for every larger eps, above the truth.
+        vx, vd = np.append(vx, math.exp(MAX_EPSILON)), np.append(vd, 0.0)
+    return np.log(vx), vd
 
 
 @dataclass(frozen=True)
