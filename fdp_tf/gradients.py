@@ -536,10 +536,6 @@ def _check_forward(forward: ForwardPass) -> None:
 # (no batch normalisation in training mode), as for every exact per-example method.
 
 
-class _Unsupported(Exception):
-    """A layer call the layer-wise path cannot handle (the caller falls back)."""
-
-
 def _layer_has_plain_call(layer: Any, cls: type) -> bool:
     return (
         type(layer).call is cls.call

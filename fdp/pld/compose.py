@@ -175,10 +175,6 @@ def compose(
 
 
 def _fold(pmf: np.ndarray, n: int) -> np.ndarray:
-    """pmf folded modulo n (circular wrap of a support longer than the FFT)."""
-    if pmf.size <= n:
-        out = np.zeros(n)
-        out[: pmf.size] = pmf
-        return out
+    """pmf (longer than n) folded modulo n: the circular wrap of a support longer than the FFT."""
     pad = (-pmf.size) % n
     return np.concatenate([pmf, np.zeros(pad)]).reshape(-1, n).sum(axis=0)
