@@ -1,0 +1,103 @@
+"""One recorded forward pass: what a private gradient is computed from.
+
+Every quantity of a private step (JL projections or exact norms, and the clipped
+sum) is read from *one* forward pass recorded on a ``tf.GradientTape``, so dropout
+masks are the same for the norm and for the gradient that gets clipped; the
+privacy proof (seed, Lemma "subroutine privacy") needs that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+__all__ = [
+    "ForwardFn",
+    "ForwardPass",
+    "PrivateGradient",
+    "RecordedForward",
+    "ZERO",
+    "check_forward",
+    "raw_variables",
+    "record_forward",
+]
+
+ZERO = tf.UnconnectedGradients.ZERO
+
+
+@dataclass(frozen=True)
+class ForwardPass:
+    """What a forward function returns.
+
+    Attributes:
+      per_example_losses: l_1..l_b, shape ``[b]``.
+      regularization: a data-independent scalar loss (weight penalties) or
+        ``None``. Its gradient is added without clipping: it does not depend on
+        any example, so it costs no privacy.
+      outputs: the model outputs, for metrics.
+    """
+
+    per_example_losses: tf.Tensor
+    regularization: tf.Tensor | None = None
+    outputs: Any = None
+
+
+@dataclass(frozen=True)
+class RecordedForward:
+    """A forward pass recorded on a tape, plus JL projections if forward mode ran."""
+
+    tape: tf.GradientTape
+    forward: ForwardPass
+    projections: tf.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class PrivateGradient:
+    """Result of one private gradient computation.
+
+    Attributes:
+      gradients: g~ per variable, same order as the variables given.
+      forward: the recorded forward pass (losses, outputs).
+      norms: M_i (JL estimates) or the exact ||g_i||_2, shape ``[b]``.
+      clip_factors: c_i = min(1, C / M_i), shape ``[b]``; 0 for an example whose
+        loss or norm is not finite (it is dropped, see :func:`fdp_tf.clip_factors`).
+      dropped: number of examples dropped that way (int32 scalar).
+    """
+
+    gradients: list[tf.Tensor]
+    forward: ForwardPass
+    norms: tf.Tensor
+    clip_factors: tf.Tensor
+    dropped: tf.Tensor | None = None
+
+
+ForwardFn = Callable[[], ForwardPass]
+
+
+def raw_variables(variables: Sequence[Any]) -> list[tf.Variable]:
+    """The ``tf.Variable`` behind each Keras 3 variable (ForwardAccumulator needs it)."""
+    return [v.value if isinstance(v, keras.Variable) else v for v in variables]
+
+
+def record_forward(forward_fn: ForwardFn, *, persistent: bool = False) -> RecordedForward:
+    """Run ``forward_fn`` once under a ``GradientTape``."""
+    with tf.GradientTape(persistent=persistent) as tape:
+        forward = forward_fn()
+    check_forward(forward)
+    return RecordedForward(tape=tape, forward=forward)
+
+
+def check_forward(forward: ForwardPass) -> None:
+    """Refuse a forward function that does not return one loss per example."""
+    if not isinstance(forward, ForwardPass):
+        raise TypeError(
+            f"forward_fn must return fdp_tf.ForwardPass; got {type(forward).__name__}"
+        )
+    if forward.per_example_losses.shape.rank != 1:
+        raise ValueError(
+            "ForwardPass.per_example_losses must have shape [batch]; got shape "
+            f"{forward.per_example_losses.shape}"
+        )

@@ -1,0 +1,84 @@
+"""What cannot be trained privately is refused, with what to do instead.
+
+Per-example clipping bounds each example's influence on the *gradient*. A layer
+that also releases data another way breaks the guarantee:
+
+* ``BatchNormalization`` in training mode normalises each example by statistics of
+  the whole batch (examples interact, so no per-example gradient exists) and
+  updates its moving mean and variance from raw batch data with no noise;
+* a stateful RNN carries batch t's state into batch t+1;
+* any non-trainable variable that a training forward pass updates from the data
+  (found at run time: its value changes during the first step);
+* mixed precision: Keras wraps the optimizer in a ``LossScaleOptimizer``, whose apply
+  bypasses the private clipping and noise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from fdp_tf.introspection import iter_layers
+
+__all__ = ["NonTrainableWatch", "refuse_unsupported_layers"]
+
+
+def refuse_unsupported_layers(model: Any) -> None:
+    """Raise ``ValueError`` naming the first layer of ``model`` that cannot be private."""
+    for layer in iter_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            raise ValueError(
+                f"layer {layer.name!r} ({type(layer).__name__}) cannot be trained with "
+                "differential privacy: in training mode it normalises each example with "
+                "statistics of the whole batch and updates its moving mean and variance from "
+                "the raw data, with no noise. Use keras.layers.LayerNormalization or "
+                "keras.layers.GroupNormalization (per example) instead."
+            )
+        if isinstance(layer, keras.layers.RNN) and getattr(layer, "stateful", False):
+            raise ValueError(
+                f"layer {layer.name!r} ({type(layer).__name__}) is stateful: the state left by "
+                "one batch's examples flows into the next batch, outside the per-example "
+                "clipping. Build it with stateful=False."
+            )
+    policies = {getattr(layer.dtype_policy, "name", "float32") for layer in iter_layers(model)}
+    policy = next((p for p in sorted(policies) if p.startswith("mixed_")), None)
+    if policy is not None:
+        raise ValueError(
+            f"mixed precision (dtype policy {policy!r}) is not supported with the DP "
+            "optimizers: loss scaling wraps the optimizer and bypasses its clipping and "
+            "noise. Build the model under keras.mixed_precision.set_global_policy('float32')"
+        )
+
+
+class NonTrainableWatch:
+    """Detects non-trainable weights that a training step changed (e.g. running statistics
+    of a custom layer): snapshot before the first step, :meth:`check` after it.
+
+    Random-seed states are not weights (``Layer.weights`` excludes them), so dropout and
+    other data-independent randomness do not count.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.variables = list(model.non_trainable_weights)
+        self.before = [np.array(v.numpy(), copy=True) for v in self.variables]
+
+    def check(self) -> None:
+        """Raise ``ValueError`` (after restoring the values) if any weight changed."""
+        changed = [
+            v for v, old in zip(self.variables, self.before)
+            if not np.array_equal(np.asarray(v.numpy()), old, equal_nan=True)
+        ]
+        if not changed:
+            return
+        for v, old in zip(self.variables, self.before):
+            v.assign(old)
+        names = ", ".join(getattr(v, "path", v.name) for v in changed[:4])
+        raise ValueError(
+            f"a training step updated non-trainable weights from the data ({names}); they "
+            "would carry information about the examples outside the per-example clipping and "
+            "noise, so differentially private training refuses them (their values were "
+            "restored). Remove the layer, or make it update nothing in training mode "
+            "(e.g. LayerNormalization instead of a running normalisation)."
+        )

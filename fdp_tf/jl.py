@@ -1,0 +1,266 @@
+"""The JL norm estimator of DP-SGD-JL / DP-Adam-JL (seed, Algorithm 1, lines 5-14).
+
+Reference: Bu, Gopi, Kulkarni, Lee, Shen, Tantipongpipat, "Fast and Memory
+Efficient Differentially Private-SGD via JL Projections", arXiv:2102.03013v1,
+Algorithm 1 (DP-SGD-JL), Algorithm 3 (DP-Adam-JL).
+
+Notation::
+
+    l_i      per-example loss of example i in the batch (i = 1..b)
+    g_i      grad_theta l_i, the per-example gradient
+    v_j      j-th JL direction, v_j ~ N(0, I_d), same shapes as the variables
+    P_ij     <g_i, v_j>, the JL projections                     (Alg. 1, line 7)
+    M_i      sqrt( sum_j P_ij^2 / r ), estimate of ||g_i||_2    (Alg. 1, line 10)
+    g~       (1/B) sum_i min(1, C/M_i) g_i + (sigma C / B) N(0, I_d)   (line 14)
+
+The projections are read from the same recorded forward pass whose tape then gives
+the clipped sum (one vjp with ``output_gradients = c / B``), so M_i estimates the
+norm of exactly the gradient that gets clipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from fdp_tf.clipping import check_batch_size, clip_factors, clipped_gradient, release
+from fdp_tf.forward import (
+    ZERO,
+    ForwardFn,
+    PrivateGradient,
+    RecordedForward,
+    check_forward,
+    raw_variables,
+    record_forward,
+)
+from fdp_tf.randomness import DIRECTIONS_STREAM, step_randomness
+
+__all__ = [
+    "double_vjp_projections",
+    "forward_mode_projections",
+    "jl_norm_estimates",
+    "jl_norms",
+    "jl_private_gradient",
+    "sample_directions",
+]
+
+
+_LOOP_MESSAGE = "forward-mode differentiation cannot pass through a loop"
+
+
+def jl_norms(projections: tf.Tensor) -> tf.Tensor:
+    """M_i = sqrt( (1/r) sum_j P_ij^2 ) for projections of shape ``[b, r]``.
+
+    Seed, Proposition "JL projections": M_i ~ ||g_i||_2 sqrt(chi2_r / r), so
+    E[M_i^2] = ||g_i||^2.
+    """
+    return tf.sqrt(tf.reduce_mean(tf.square(projections), axis=1))
+
+
+def sample_directions(
+    variables: Sequence[Any], jl_projections: int, rng: Any = None
+) -> list[tf.Tensor]:
+    """Draw v_1..v_r ~ N(0, I_d), returned per variable with a leading axis r.
+
+    Args:
+      variables: the trainable variables.
+      jl_projections: r.
+      rng: ``tf.random.Generator``, a :class:`fdp_tf.randomness.StepRandomness`, or
+        ``None`` (OS entropy); an int is refused (it would repeat the directions).
+
+    Returns:
+      A list, one tensor of shape ``[r, *variable.shape]`` per variable.
+    """
+    draws = step_randomness(rng)
+    return [
+        draws.normal((jl_projections, *tuple(v.shape)), v.dtype, DIRECTIONS_STREAM)
+        for v in variables
+    ]
+
+
+def forward_mode_projections(
+    forward_fn: ForwardFn, variables: Sequence[Any], directions: Sequence[tf.Tensor]
+) -> RecordedForward:
+    """One forward pass under a tape with r forward-mode accumulators active.
+
+    P[:, j] = grad_theta F(theta) . v_j is read from accumulator j (seed,
+    Section "Jacobian-vector product"); the same pass is recorded on the tape
+    for the clipped backward pass. The accumulators are nested, so the traced
+    graph grows quickly with r; use :func:`double_vjp_projections` for r > 2.
+    Nested accumulators (r = 2) work only in graph mode (inside ``tf.function``).
+
+    Forward mode cannot pass through Keras's ``tf.while_loop`` RNNs
+    ("dtype variant is not compatible"); build them with ``unroll=True`` or use
+    the double-vjp path.
+    """
+    raw = raw_variables(variables)
+    r = _num_directions(directions)
+    if r > 1 and tf.executing_eagerly():
+        raise ValueError(
+            f"jvp_method='forward' with jl_projections={r} > 1 nests forward "
+            "accumulators, which TensorFlow supports only inside tf.function (graph "
+            "mode); run without run_eagerly=True, wrap the call in tf.function, or use "
+            "jvp_method='double_vjp'."
+        )
+    with tf.GradientTape() as tape:
+        with contextlib.ExitStack() as stack:
+            accumulators = [
+                stack.enter_context(
+                    tf.autodiff.ForwardAccumulator(raw, [d[j] for d in directions])
+                )
+                for j in range(r)
+            ]
+            try:
+                forward = forward_fn()
+            except (TypeError, ValueError) as err:
+                # the two ways TensorFlow's forward mode fails inside a while loop
+                if "variant" in str(err) or "without handle data" in str(err):
+                    # a plain ValueError: tf.function re-raises it with its type
+                    raise ValueError(
+                        f"jvp_method='forward' failed: {_LOOP_MESSAGE} (a Keras RNN with unroll=False, "
+                        "keras.ops.fori_loop / scan, tf.map_fn, tf.while_loop). Build the "
+                        "RNN with unroll=True or use jvp_method='double_vjp' (or 'auto')."
+                    ) from err
+                raise
+            check_forward(forward)
+            losses = forward.per_example_losses
+            projections = tf.stack(
+                [acc.jvp(losses, unconnected_gradients=ZERO) for acc in accumulators],
+                axis=1,
+            )
+    return RecordedForward(tape=tape, forward=forward, projections=projections)
+
+
+def double_vjp_projections(
+    recorded: RecordedForward, variables: Sequence[Any], directions: Sequence[tf.Tensor]
+) -> tf.Tensor:
+    """JL projections by the double-vjp trick on an already recorded forward pass.
+
+    Seed, Section "Jacobian-vector product": with G(u) = u^T grad_theta F (one
+    vjp, linear in u), grad_u <G(u), v_j> = grad_theta F . v_j = P[:, j].
+    The r second vjps run in a ``tf.while_loop`` (``GradientTape.jacobian``
+    without pfor), which traces fast and works through RNN loops. The tape of
+    ``recorded`` must be persistent.
+
+    Returns:
+      P, shape ``[b, r]``.
+    """
+    losses = recorded.forward.per_example_losses
+    u = tf.ones_like(losses)
+    with tf.GradientTape(persistent=True) as outer:  # eager jacobian without pfor needs it
+        outer.watch(u)
+        vjp = recorded.tape.gradient(
+            losses, list(variables), output_gradients=u, unconnected_gradients=ZERO
+        )
+        inner = [
+            tf.linalg.matvec(
+                tf.reshape(d, (tf.shape(d)[0], -1)),
+                tf.reshape(tf.convert_to_tensor(g), (-1,)),
+            )
+            for d, g in zip(directions, vjp)
+        ]
+        targets = tf.add_n(inner)  # [r]: <G(u), v_j>
+    # one iteration at a time: running the r second vjps concurrently kept r copies of
+    # the backward pass's intermediates alive (peak memory grew with r)
+    jac = outer.jacobian(targets, u, unconnected_gradients=ZERO, experimental_use_pfor=False,
+                         parallel_iterations=1)
+    return tf.transpose(jac)
+
+
+def jl_norm_estimates(
+    forward_fn: ForwardFn,
+    variables: Sequence[Any],
+    jl_projections: int,
+    *,
+    rng: Any = None,
+    jvp_method: str = "forward",
+    directions: Sequence[tf.Tensor] | None = None,
+) -> tuple[RecordedForward, tf.Tensor]:
+    """Record one forward pass and estimate every ||g_i|| by M_i (Alg. 1, l. 6-11).
+
+    Args:
+      forward_fn: runs the model on the batch and returns a :class:`ForwardPass`.
+      variables: the trainable variables theta.
+      jl_projections: r.
+      rng: generator (or step randomness) for the directions; ``None``: OS entropy.
+      jvp_method: ``"forward"``, ``"double_vjp"``, or ``"auto"`` (forward mode, and
+        the double vjp where forward mode cannot pass through a loop of the model).
+      directions: fixed directions (list of ``[r, *shape]``), for tests.
+
+    Returns:
+      ``(recorded, M)`` with the recorded pass (tape persistent for the
+      double-vjp path) and M of shape ``[b]``.
+    """
+    if directions is None:
+        directions = sample_directions(variables, jl_projections, rng)
+    if jvp_method not in ("forward", "double_vjp", "auto"):
+        raise ValueError(
+            f"jvp_method must be 'forward', 'double_vjp' or 'auto'; got {jvp_method!r}"
+        )
+    if jvp_method in ("forward", "auto"):
+        try:
+            recorded = forward_mode_projections(forward_fn, variables, directions)
+            return recorded, jl_norms(recorded.projections)
+        except ValueError as err:
+            if jvp_method == "forward" or _LOOP_MESSAGE not in str(err):
+                raise
+            # a loop the static checks could not see (ops.scan, tf.map_fn, ...): the
+            # abandoned trace leaves no live ops, the double vjp works through loops
+    recorded = record_forward(forward_fn, persistent=True)
+    recorded = RecordedForward(
+        recorded.tape, recorded.forward, double_vjp_projections(recorded, variables, directions)
+    )
+    return recorded, jl_norms(recorded.projections)
+
+
+def jl_private_gradient(
+    forward_fn: ForwardFn,
+    variables: Sequence[Any],
+    *,
+    l2_norm_clip: float,
+    noise_multiplier: float,
+    jl_projections: int,
+    expected_batch_size: int,
+    rng: Any = None,
+    jvp_method: str = "forward",
+) -> PrivateGradient:
+    """One DP-SGD-JL gradient (seed, Algorithm 1, lines 5-14).
+
+        v_1..v_r ~ N(0, I_d)
+        P_ij = <grad l_i, v_j>                   (forward-mode jvp or double vjp)
+        M_i  = sqrt( sum_j P_ij^2 / r )
+        g~   = grad (1/B) sum_i min(1, C/M_i) l_i  +  (sigma C / B) N(0, I_d)
+
+    Args:
+      forward_fn: runs the model once and returns a :class:`ForwardPass`.
+      variables: trainable variables.
+      l2_norm_clip: C.
+      noise_multiplier: sigma.
+      jl_projections: r.
+      expected_batch_size: B, the *expected* batch size of the Poisson sampling
+        (required: the realised size would make the noise scale data-dependent).
+      rng: ``tf.random.Generator`` for directions and noise; ``None``: OS entropy.
+        An int is refused (it would repeat the same noise at every call).
+      jvp_method: ``"forward"``, ``"double_vjp"`` or ``"auto"``.
+    """
+    batch = check_batch_size(expected_batch_size)
+    draws = step_randomness(rng)
+    recorded, norms = jl_norm_estimates(
+        forward_fn, variables, jl_projections, rng=draws, jvp_method=jvp_method
+    )
+    losses = recorded.forward.per_example_losses
+    factors = clip_factors(norms, l2_norm_clip, losses)
+    clipped = clipped_gradient(recorded, variables, factors, batch)
+    return release(
+        clipped, recorded, norms, factors, l2_norm_clip=l2_norm_clip,
+        noise_multiplier=noise_multiplier, expected_batch_size=batch, rng=draws,
+    )
+
+
+def _num_directions(directions: Sequence[tf.Tensor]) -> int:
+    r = directions[0].shape[0]
+    if r is None:
+        raise ValueError("the number of JL directions must be known when tracing")
+    return int(r)

@@ -1,0 +1,163 @@
+"""Per-example gradients of one layer's variables, as sums of outer products.
+
+For the layers the taps handle, the gradient of example i's loss with respect to a
+(slice of a) variable is
+
+    G_i = sum_n a_in^T g_in                                   (outer product form)
+
+with a the layer's input (or recurrent state) at position n and g the gradient of
+the loss with respect to the layer's pre-activation there (Goodfellow 2015,
+"Efficient per-example gradient computations"; Li et al. 2022, "ghost clipping").
+From a and g alone, without materialising the G_i of the whole model:
+
+    ||G_i||_F^2 = sum_{n,m} (a_in . a_im)(g_in . g_im)            (Gram form) or
+                  ||a_i^T g_i||_F^2                               (explicit form),
+    sum_i w_i G_i = (w * a)^T g                                   (the weighted sum).
+
+A bias is the case a_in = 1 (G_i = sum_n g_in); an embedding table the case of
+one-hot a (rows selected by the token ids). A variable may be made of several
+disjoint slices (e.g. a GRU's recurrent kernel), each its own piece, so its squared
+norm is the sum over its pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import tensorflow as tf
+
+__all__ = ["EmbeddingPiece", "OuterPiece", "SumPiece", "VariableGradient", "flatten_middle"]
+
+
+def flatten_middle(t: tf.Tensor) -> tf.Tensor:
+    """[b, ..., k] -> [b, n, k]."""
+    shape = tf.shape(t)
+    return tf.reshape(t, tf.stack([shape[0], -1, shape[-1]]))
+
+
+def _sq_rows(t: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_sum(tf.reshape(tf.square(t), (tf.shape(t)[0], -1)), axis=1)
+
+
+def _keep_rows(t: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
+    """Zero the rows of dropped examples, so that their inf or NaN cannot reach a sum."""
+    mask = tf.reshape(keep, tf.concat([tf.shape(keep), tf.ones([tf.rank(t) - 1], tf.int32)], 0))
+    return tf.where(mask, t, tf.zeros_like(t))
+
+
+def _row_weights(weights: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
+    w = tf.cast(weights, t.dtype)
+    return tf.reshape(w, tf.concat([tf.shape(w), tf.ones([tf.rank(t) - 1], tf.int32)], 0))
+
+
+@dataclass(frozen=True)
+class OuterPiece:
+    """G_i = sum_n a_in^T g_in with a: [b, n, p], g: [b, n, q]; G_i has shape [p, q]."""
+
+    a: tf.Tensor
+    g: tf.Tensor
+
+    def squared_norms(self) -> tf.Tensor:
+        """||G_i||_F^2, exact; the cheaper of the Gram and the explicit form."""
+        a, g = tf.cast(self.a, self.g.dtype), self.g
+        n, p, q = a.shape[1], a.shape[-1], g.shape[-1]
+        if n == 1:
+            return tf.reduce_sum(tf.square(a), axis=[1, 2]) * tf.reduce_sum(tf.square(g), axis=[1, 2])
+        if n is not None and p is not None and q is not None and n * (p + q) < p * q:
+            gram_a = tf.linalg.matmul(a, a, transpose_b=True)
+            gram_g = tf.linalg.matmul(g, g, transpose_b=True)
+            return tf.reduce_sum(gram_a * gram_g, axis=[1, 2])
+        return tf.reduce_sum(tf.square(tf.linalg.matmul(a, g, transpose_a=True)), axis=[1, 2])
+
+    def weighted_sum(self, weights: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
+        """sum_i w_i G_i, shape [p, q]."""
+        a = _keep_rows(tf.cast(self.a, self.g.dtype), keep)
+        g = _keep_rows(self.g, keep)
+        a = a * _row_weights(weights, a)
+        flat_a = tf.reshape(a, (-1, tf.shape(a)[-1]))
+        flat_g = tf.reshape(g, (-1, tf.shape(g)[-1]))
+        return tf.linalg.matmul(flat_a, flat_g, transpose_a=True)
+
+
+@dataclass(frozen=True)
+class SumPiece:
+    """G_i = sum_n g_in with g: [b, n, q] (a bias); G_i has shape [q]."""
+
+    g: tf.Tensor
+
+    def squared_norms(self) -> tf.Tensor:
+        return _sq_rows(tf.reduce_sum(self.g, axis=1))
+
+    def weighted_sum(self, weights: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
+        g = _keep_rows(tf.reduce_sum(self.g, axis=1), keep)
+        return tf.reduce_sum(g * _row_weights(weights, g), axis=0)
+
+
+@dataclass(frozen=True)
+class EmbeddingPiece:
+    """G_i = sum_n e_{id_in} g_in^T: row id of the table gets g_in; G_i: [rows, d].
+
+    Attributes:
+      ids: token ids, [b, n] (int).
+      g: gradient of the loss with respect to the looked-up vectors, [b, n, d].
+      rows: the table's number of rows.
+    """
+
+    ids: tf.Tensor
+    g: tf.Tensor
+    rows: int
+
+    def squared_norms(self) -> tf.Tensor:
+        """sum over the distinct ids of example i of ||sum of its g_in||^2."""
+        ids, g = tf.cast(self.ids, tf.int64), self.g
+        b, n = tf.shape(ids)[0], tf.shape(ids)[1]
+        rows = tf.constant(self.rows, tf.int64)
+        example = tf.repeat(tf.range(tf.cast(b, tf.int64)), n)
+        keys = example * rows + tf.reshape(ids, (-1,))
+        unique, index = tf.unique(keys)
+        summed = tf.math.unsorted_segment_sum(
+            tf.reshape(g, (-1, tf.shape(g)[-1])), index, tf.shape(unique)[0]
+        )
+        return tf.math.unsorted_segment_sum(
+            tf.reduce_sum(tf.square(summed), axis=1), tf.cast(unique // rows, tf.int32), b
+        )
+
+    def weighted_sum(self, weights: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
+        g = _keep_rows(self.g, keep)
+        g = g * _row_weights(weights, g)
+        return tf.math.unsorted_segment_sum(
+            tf.reshape(g, (-1, tf.shape(g)[-1])),
+            tf.reshape(tf.cast(self.ids, tf.int32), (-1,)),
+            self.rows,
+        )
+
+
+Piece = Any  # OuterPiece | SumPiece | EmbeddingPiece
+
+
+@dataclass(frozen=True)
+class VariableGradient:
+    """The per-example gradient of one variable, as pieces over disjoint slices.
+
+    Attributes:
+      variable: the variable.
+      pieces: one piece per slice.
+      assemble: maps the pieces' weighted sums to a tensor of the variable's shape
+        (default: the single piece reshaped).
+    """
+
+    variable: Any
+    pieces: tuple[Piece, ...]
+    assemble: Callable[[list[tf.Tensor]], tf.Tensor] | None = None
+
+    def squared_norms(self) -> tf.Tensor:
+        """||G_i(variable)||^2, shape [b]."""
+        return tf.add_n([p.squared_norms() for p in self.pieces])
+
+    def weighted_sum(self, weights: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
+        """sum_i w_i G_i(variable), in the variable's shape; dropped rows excluded."""
+        sums = [p.weighted_sum(weights, keep) for p in self.pieces]
+        if self.assemble is not None:
+            return self.assemble(sums)
+        return tf.reshape(sums[0], tuple(self.variable.shape))

@@ -1,0 +1,154 @@
+"""Keras LSTM / GRU / SimpleRNN, re-run with the input projection outside the time loop.
+
+For the recorded pass only, a recurrent layer is computed by an equivalent
+implementation in which X = x W + b (the input projection of every time step) is one
+tensor: dL/dX_t is then the gate pre-activation gradient of every step, and
+
+    G_i(W)      = sum_t x_it^T dX_it          (kernel)
+    G_i(U)      = sum_t h_i,t-1^T dX_it       (recurrent kernel; GRU: see below)
+    G_i(b)      = sum_t dX_it                 (bias)
+
+are in the outer-product form of :mod:`fdp_tf.layerwise.pieces`. GRU: with
+``reset_after`` the recurrent part is r * (h U_h + b_rec), so the recurrent kernel's
+gradient for the candidate gate is h^T (r * dX_h) and the recurrent bias gets r * dX_h;
+without it, U_h multiplies r * h.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from fdp_tf.layerwise.pieces import OuterPiece, SumPiece, VariableGradient
+
+__all__ = ["recurrent_forward", "recurrent_gradients"]
+
+
+def recurrent_gradients(tap: Any, grad: tf.Tensor) -> list[VariableGradient]:
+    """Pieces of the layer's variables from grad = dL/dX, [b, T, G] in processing order."""
+    cell, kind, v = tap.layer.cell, tap.kind, tap.values
+    x, h_prev = tf.cast(v["inputs"], grad.dtype), v["h_prev"]
+    out = [VariableGradient(cell.kernel, (OuterPiece(x, grad),))]
+    if kind == "gru":
+        units = cell.units
+        gz, gr, gh = tf.split(grad, 3, axis=-1)
+        if cell.reset_after:
+            grad_rec = tf.concat([gz, gr, v["r"] * gh], axis=-1)
+            out.append(VariableGradient(cell.recurrent_kernel, (OuterPiece(h_prev, grad_rec),)))
+            if cell.bias is not None:
+                out.append(VariableGradient(
+                    cell.bias, (SumPiece(grad), SumPiece(grad_rec)),
+                    lambda sums: tf.stack(sums, axis=0),
+                ))
+        else:
+            out.append(VariableGradient(
+                cell.recurrent_kernel,
+                (OuterPiece(h_prev, grad[..., : 2 * units]), OuterPiece(v["r"] * h_prev, gh)),
+                lambda sums: tf.concat(sums, axis=1),
+            ))
+            if cell.bias is not None:
+                out.append(VariableGradient(cell.bias, (SumPiece(grad),)))
+    else:
+        out.append(VariableGradient(cell.recurrent_kernel, (OuterPiece(h_prev, grad),)))
+        if cell.bias is not None:
+            out.append(VariableGradient(cell.bias, (SumPiece(grad),)))
+    return out
+
+
+def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: Any) -> Any:
+    """Keras LSTM / GRU / SimpleRNN ``call`` with the input projection outside the loop.
+
+    Same equations, gate order, masking and output conventions as Keras 3's layers and
+    ``backend.rnn`` (``go_backwards``, ``return_sequences``, ``return_state``,
+    ``zero_output_for_mask``); records X, the inputs and the states h_{t-1} on ``tap``.
+    """
+    layer, cell, kind = tap.layer, tap.layer.cell, tap.kind
+    dtype = layer.compute_dtype
+    x = tf.cast(sequences, dtype)
+    if layer.go_backwards:
+        x = tf.reverse(x, axis=[1])
+    kernel = tf.cast(tf.convert_to_tensor(cell.kernel), dtype)
+    recurrent = tf.cast(tf.convert_to_tensor(cell.recurrent_kernel), dtype)
+    bias = tf.cast(tf.convert_to_tensor(cell.bias), dtype) if cell.use_bias else None
+    input_bias = recurrent_bias = None
+    if bias is not None:
+        if kind == "gru" and cell.reset_after:
+            input_bias, recurrent_bias = bias[0], bias[1]
+        else:
+            input_bias = bias
+    proj = tf.linalg.matmul(x, kernel)  # [b, T, G]
+    if input_bias is not None:
+        proj = proj + input_bias
+    units = cell.units
+    batch = tf.shape(x)[0]
+    if initial_state is None:
+        states = [tf.zeros((batch, units), dtype)] * (2 if kind == "lstm" else 1)
+    else:
+        states = [tf.cast(s, dtype) for s in tf.nest.flatten(initial_state)]
+    h0 = states[0]
+    c0 = states[1] if kind == "lstm" else tf.zeros_like(h0)
+    if mask is not None:
+        m = tf.cast(tf.nest.flatten(mask)[0], tf.bool)
+        if layer.go_backwards:
+            m = tf.reverse(m, axis=[1])
+        m = tf.transpose(tf.reshape(m, (batch, -1)), [1, 0])[:, :, None]  # [T, b, 1]
+    else:
+        m = tf.ones((tf.shape(x)[1], batch, 1), tf.bool)
+    act, ract = cell.activation, getattr(cell, "recurrent_activation", None)
+    zero_output = bool(layer.zero_output_for_mask)
+
+    def step(carry: tuple, elems: tuple) -> tuple:
+        h, c, out, _h_prev, _r = carry
+        x_t, m_t = elems
+        r_aux = tf.zeros_like(h)
+        if kind == "lstm":
+            z = x_t + tf.linalg.matmul(h, recurrent)
+            z0, z1, z2, z3 = tf.split(z, 4, axis=-1)
+            i, f, o = ract(z0), ract(z1), ract(z3)
+            c_new = f * c + i * act(z2)
+            h_new = o * act(c_new)
+        elif kind == "gru":
+            xz, xr, xh = tf.split(x_t, 3, axis=-1)
+            if cell.reset_after:
+                inner = tf.linalg.matmul(h, recurrent)
+                if recurrent_bias is not None:
+                    inner = inner + recurrent_bias
+                rz, rr, rh = tf.split(inner, 3, axis=-1)
+                zg, r = ract(xz + rz), ract(xr + rr)
+                hh = act(xh + r * rh)
+            else:
+                inner = tf.linalg.matmul(h, recurrent[:, : 2 * units])
+                rz, rr = tf.split(inner, 2, axis=-1)
+                zg, r = ract(xz + rz), ract(xr + rr)
+                hh = act(xh + tf.linalg.matmul(r * h, recurrent[:, 2 * units :]))
+            h_new = zg * h + (1 - zg) * hh
+            c_new = c
+            r_aux = r
+        else:
+            h_new = x_t + tf.linalg.matmul(h, recurrent)
+            if act is not None:
+                h_new = act(h_new)
+            c_new = c
+        out_new = tf.where(m_t, h_new, tf.zeros_like(h_new) if zero_output else out)
+        h_next = tf.where(m_t, h_new, h)
+        c_next = tf.where(m_t, c_new, c) if kind == "lstm" else c_new
+        return h_next, c_next, out_new, h, r_aux
+
+    init = (h0, c0, tf.zeros_like(h0), tf.zeros_like(h0), tf.zeros_like(h0))
+    hs, cs, outs, h_prev, rs = tf.scan(
+        step, (tf.transpose(proj, [1, 0, 2]), m), initializer=init
+    )
+    tap.values = {
+        "inputs": x,
+        "h_prev": tf.transpose(h_prev, [1, 0, 2]),
+        "r": tf.transpose(rs, [1, 0, 2]),
+    }
+    tap.target = proj
+    outputs = tf.transpose(outs, [1, 0, 2])
+    output = outputs if layer.return_sequences else outs[-1]
+    output = tf.cast(output, layer.compute_dtype)
+    if layer.return_state:
+        final = [hs[-1], cs[-1]] if kind == "lstm" else [hs[-1]]
+        return (output, *final)
+    return output

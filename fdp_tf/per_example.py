@@ -1,0 +1,202 @@
+"""DP-SGD with exact per-example clipping (seed, Algorithm 4; Abadi et al. 2016).
+
+    g^_i = min(1, C / ||g_i||) g_i
+    g~   = (1/B) sum_i g^_i + (sigma C / B) N(0, I_d)
+
+Three ways to get ||g_i||, all on one recorded forward pass: layer by layer
+(:mod:`fdp_tf.layerwise`, exact norms from activations and backpropagated
+gradients), ``GradientTape.jacobian`` with pfor ("vectorized", b-fold memory), or
+one backward pass per example ("loop"). Examples whose loss or norm is not finite
+get c_i = 0 and their rows are excluded from every sum (0 * inf would be NaN).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from fdp_tf.clipping import check_batch_size, clip_factors, regularization_gradient, release
+from fdp_tf.forward import ZERO, ForwardFn, PrivateGradient, RecordedForward, record_forward
+from fdp_tf.introspection import looped_rnn_layers
+from fdp_tf.layerwise import layerwise_norms, reconcile, reconstructed_sum
+from fdp_tf.randomness import step_randomness
+
+__all__ = [
+    "per_example_gradients",
+    "per_example_norms",
+    "vanilla_private_gradient",
+]
+
+PER_EXAMPLE_METHODS = ("layerwise", "vectorized", "loop")
+
+
+def per_example_gradients(
+    recorded: RecordedForward, variables: Sequence[Any], *, vectorized: bool = True
+) -> list[tf.Tensor]:
+    """Exact g_1..g_b per variable, each of shape ``[b, *variable.shape]``.
+
+    ``GradientTape.jacobian`` of the per-example losses on one recorded pass;
+    ``vectorized=True`` uses pfor (fast, b-fold memory), ``False`` a
+    ``tf.while_loop`` with one backward pass per example. The tape must be
+    persistent. An empty batch (possible with Poisson sampling) gives ``[0, ...]``.
+    """
+    losses = recorded.forward.per_example_losses
+
+    def jacobian() -> list[tf.Tensor]:
+        return _jacobian(recorded, variables, vectorized)
+
+    def empty() -> list[tf.Tensor]:
+        return [tf.zeros((0, *tuple(v.shape)), v.dtype) for v in variables]
+
+    static = losses.shape[0]
+    if static is not None:
+        return jacobian() if static > 0 else empty()
+    return tf.cond(tf.shape(losses)[0] > 0, jacobian, empty)
+
+
+def _jacobian(recorded: RecordedForward, variables: Sequence[Any], vectorized: bool) -> list[tf.Tensor]:
+    losses = recorded.forward.per_example_losses
+    if vectorized:
+        try:
+            jac = recorded.tape.jacobian(
+                losses, list(variables), unconnected_gradients=ZERO, experimental_use_pfor=True
+            )
+        except (ValueError, TypeError, NotImplementedError) as err:
+            warnings.warn(
+                f"vectorized per-example gradients failed ({type(err).__name__}: {err}); "
+                "falling back to one backward pass per example",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return _jacobian(recorded, variables, False)
+    else:
+        jac = recorded.tape.jacobian(
+            losses, list(variables), unconnected_gradients=ZERO, experimental_use_pfor=False
+        )
+    return [tf.convert_to_tensor(j) for j in jac]
+
+
+def per_example_norms(per_example: Sequence[tf.Tensor]) -> tf.Tensor:
+    """||g_i||_2 over all variables, from :func:`per_example_gradients`."""
+    squares = [
+        tf.reduce_sum(tf.reshape(tf.square(g), (tf.shape(g)[0], -1)), axis=1) for g in per_example
+    ]
+    return tf.sqrt(tf.add_n(squares))
+
+
+def _clipped_from_per_example(
+    recorded: RecordedForward, variables: Sequence[Any], vectorized: bool,
+    l2_norm_clip: float, batch: int,
+) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+    """(sum_i c_i g_i / B per variable, norms, factors) from exact per-example gradients."""
+    per_example = per_example_gradients(recorded, variables, vectorized=vectorized)
+    norms = per_example_norms(per_example)
+    losses = recorded.forward.per_example_losses
+    factors = clip_factors(norms, l2_norm_clip, losses)
+    keep = factors > 0
+    weights = factors / tf.cast(batch, factors.dtype)
+    grads = []
+    for g in per_example:
+        mask = tf.reshape(keep, tf.concat([tf.shape(keep), tf.ones([tf.rank(g) - 1], tf.int32)], 0))
+        g = tf.where(mask, g, tf.zeros_like(g))  # dropped rows may hold inf or NaN
+        grads.append(tf.tensordot(tf.cast(weights, g.dtype), g, axes=1))
+    return grads, norms, factors
+
+
+def _with_regularization(grads: list[tf.Tensor], recorded: RecordedForward, variables: Sequence[Any]) -> list[tf.Tensor]:
+    reg = regularization_gradient(recorded, variables)
+    return [g if rg is None else g + tf.cast(tf.convert_to_tensor(rg), g.dtype) for g, rg in zip(grads, reg)]
+
+
+def vanilla_private_gradient(
+    forward_fn: ForwardFn,
+    variables: Sequence[Any],
+    *,
+    l2_norm_clip: float,
+    noise_multiplier: float,
+    expected_batch_size: int,
+    rng: Any = None,
+    per_example_method: str = "vectorized",
+    model: Any = None,
+) -> PrivateGradient:
+    """One DP-SGD gradient with exact per-example clipping (seed, Algorithm 4).
+
+        g^_i = min(1, C / ||g_i||) g_i
+        g~   = (1/B) sum_i g^_i + (sigma C / B) N(0, I_d)
+
+    Args:
+      forward_fn: runs the model once and returns a :class:`ForwardPass`.
+      variables: trainable variables.
+      l2_norm_clip: C.
+      noise_multiplier: sigma.
+      expected_batch_size: B, the *expected* batch size of the Poisson sampling.
+      rng: ``tf.random.Generator`` for the noise; ``None``: OS entropy; an int is refused.
+      per_example_method: ``"layerwise"`` (exact ||g_i|| layer by layer; the released
+        sum is rebuilt from the same layer taps, so each example's contribution has
+        exactly the clipped norm, and it is reconciled at every step with the tape's
+        gradient: on a mismatch the step uses the per-example loop instead; needs
+        ``model``), ``"vectorized"`` (``GradientTape.jacobian`` with pfor) or
+        ``"loop"`` (one backward pass per example). If ``"layerwise"`` cannot handle
+        the model at all it warns and uses pfor (the loop for looped RNNs).
+      model: the Keras model run by ``forward_fn`` (for ``"layerwise"``).
+    """
+    if per_example_method not in PER_EXAMPLE_METHODS:
+        raise ValueError(
+            f"per_example_method must be one of {list(PER_EXAMPLE_METHODS)}; got {per_example_method!r}"
+        )
+    batch = check_batch_size(expected_batch_size)
+    draws = step_randomness(rng)
+    if per_example_method == "layerwise":
+        if model is None:
+            raise ValueError("per_example_method='layerwise' needs the model (model=...)")
+        recorded, norms, pieces, reason = layerwise_norms(forward_fn, variables, model)
+        if norms is not None:
+            clipped, norms, factors = _layerwise_release(
+                recorded, variables, norms, pieces, l2_norm_clip, batch
+            )
+            return release(
+                _with_regularization(clipped, recorded, variables), recorded, norms, factors,
+                l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
+                expected_batch_size=batch, rng=draws,
+            )
+        vectorized = not looped_rnn_layers(model)
+        warnings.warn(
+            f"per_example_method='layerwise' cannot handle this model ({reason}); computing "
+            f"per-example gradients with {'pfor' if vectorized else 'a per-example loop'}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    else:
+        vectorized = per_example_method == "vectorized"
+        recorded = record_forward(forward_fn, persistent=True)
+    clipped, norms, factors = _clipped_from_per_example(recorded, variables, vectorized, l2_norm_clip, batch)
+    return release(
+        _with_regularization(clipped, recorded, variables), recorded, norms, factors,
+        l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
+        expected_batch_size=batch, rng=draws,
+    )
+
+
+def _layerwise_release(
+    recorded: RecordedForward, variables: Sequence[Any], norms: tf.Tensor, pieces: Any,
+    l2_norm_clip: float, batch: int,
+) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+    """The taps' reconstruction sum_i c_i G_i / B if it reconciles with the tape, else the
+    per-example loop's (both exact; the choice is made per step, in the graph)."""
+    losses = recorded.forward.per_example_losses
+    factors = clip_factors(norms, l2_norm_clip, losses)
+    weights = factors / tf.cast(batch, factors.dtype)
+    mine = reconstructed_sum(pieces, variables, weights)
+    matches = reconcile(recorded, variables, mine, weights)
+
+    def taps() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+        return list(mine), norms, factors
+
+    def loop() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+        return _clipped_from_per_example(recorded, variables, False, l2_norm_clip, batch)
+
+    if tf.executing_eagerly():
+        return taps() if bool(matches) else loop()
+    return tf.cond(matches, taps, loop)

@@ -1,0 +1,170 @@
+"""Randomness of a private step: drawn from OS entropy, never from a global seed.
+
+The noise of DP-SGD and the JL directions must be unpredictable: anyone who can
+reproduce the noise can subtract it. ``keras.utils.set_random_seed`` (which
+examples and test suites call) fixes Keras's, TensorFlow's, NumPy's and Python's
+generators, so none of them is used here. Instead:
+
+* a :class:`tf.random.Generator` (Philox) whose whole 192-bit state (a 128-bit
+  counter and a 64-bit key) comes from ``os.urandom``;
+* per private step, one 128-bit key ``k = generator.make_seeds(1)`` (the generator
+  advances, so every step gets a fresh key);
+* every draw of that step is ``stateless_normal(shape, seed=fold_in(fold_in(k, replica), draw))``
+  with ``draw`` distinct for each variable and for the noise and the directions, and
+  ``replica`` the replica's id under ``tf.distribute``: draws are independent across
+  variables, directions, steps and replicas, whatever the generator's placement.
+
+An explicit integer ``seed`` (tests) makes the run reproducible and therefore *not*
+private; it warns with :class:`NotPrivateWarning`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import warnings
+from typing import Any, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = [
+    "NotPrivateWarning",
+    "RandomSource",
+    "StepRandomness",
+    "add_gaussian_noise",
+    "num_replicas",
+    "os_entropy_generator",
+    "resolve_generator",
+    "seeded_generator",
+    "step_randomness",
+]
+
+RandomSource = Union[tf.random.Generator, None]
+
+# draw streams within a step: JL directions and noise never share a key
+DIRECTIONS_STREAM = 0
+NOISE_STREAM = 1
+
+
+class NotPrivateWarning(UserWarning):
+    """The noise is reproducible (an explicit seed was given): the run is not private."""
+
+
+class _Holder:
+    """Keeps a generator out of TensorFlow's object tracking, so that no checkpoint or
+    saved model ever contains its state (which would predict all later noise)."""
+
+    def __init__(self, generator: tf.random.Generator) -> None:
+        self.generator = generator
+
+
+def os_entropy_generator() -> tf.random.Generator:
+    """A Philox generator whose 192-bit state is read from ``os.urandom``."""
+    state = np.frombuffer(secrets.token_bytes(24), dtype=np.int64).copy()
+    with tf.init_scope():  # may be called while a tf.function traces
+        return tf.random.Generator(state=state, alg="philox")
+
+
+def seeded_generator(seed: int, *, stacklevel: int = 3) -> tf.random.Generator:
+    """A generator from an explicit seed, for tests; warns that the run is not private."""
+    warnings.warn(
+        f"seed={seed!r} makes the DP noise and JL directions reproducible, so the training "
+        "is NOT differentially private (anyone with the seed can remove the noise). Use "
+        "seed=None outside tests.",
+        NotPrivateWarning,
+        stacklevel=stacklevel,
+    )
+    with tf.init_scope():
+        return tf.random.Generator.from_seed(int(seed), alg="philox")
+
+
+_DEFAULT: list[_Holder] = []
+
+
+def resolve_generator(rng: Any) -> tf.random.Generator:
+    """``rng`` itself, or for ``None`` a process-wide generator seeded from OS entropy.
+
+    Raises:
+      ValueError: for an int or anything else: an int would repeat the same noise
+        at every call (pass a ``tf.random.Generator``, which advances).
+    """
+    if rng is None:
+        if not _DEFAULT:
+            _DEFAULT.append(_Holder(os_entropy_generator()))
+        return _DEFAULT[0].generator
+    if isinstance(rng, tf.random.Generator):
+        return rng
+    raise ValueError(
+        f"rng must be a tf.random.Generator or None (OS entropy); got {rng!r}. An integer "
+        "seed would give the same noise at every call; for a reproducible test pass "
+        "tf.random.Generator.from_seed(seed), which advances between calls."
+    )
+
+
+class StepRandomness:
+    """The random draws of one private step, all keyed by one fresh 128-bit key.
+
+    Args:
+      generator: advanced once, here (one key per step).
+    """
+
+    def __init__(self, generator: tf.random.Generator) -> None:
+        key = generator.make_seeds(1)[:, 0]
+        replica = _replica_id()
+        if replica is not None:
+            key = tf.random.experimental.stateless_fold_in(key, replica)
+        self._key = key
+        self._draws = 0
+
+    def normal(self, shape: Sequence[int], dtype: Any, stream: int) -> tf.Tensor:
+        """A standard normal tensor, independent of every other draw of the step."""
+        self._draws += 1
+        seed = tf.random.experimental.stateless_fold_in(
+            tf.random.experimental.stateless_fold_in(self._key, stream), self._draws
+        )
+        return tf.random.stateless_normal(shape, seed=seed, dtype=dtype)
+
+
+def _replica_id() -> tf.Tensor | None:
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return None
+    return tf.cast(context.replica_id_in_sync_group, tf.int64)
+
+
+def num_replicas() -> int:
+    """Replicas that each add their share of the noise (1 without tf.distribute)."""
+    context = tf.distribute.get_replica_context()
+    if context is None:  # cross-replica context
+        return tf.distribute.get_strategy().num_replicas_in_sync
+    return int(context.num_replicas_in_sync)
+
+
+def step_randomness(rng: Any) -> StepRandomness:
+    """``rng`` if it already is a :class:`StepRandomness`, else a fresh step from it."""
+    if isinstance(rng, StepRandomness):
+        return rng
+    return StepRandomness(resolve_generator(rng))
+
+
+def add_gaussian_noise(
+    gradients: Sequence[tf.Tensor], stddev: tf.Tensor | float, rng: Any = None
+) -> list[tf.Tensor]:
+    """g + stddev * N(0, I) per tensor; stddev = sigma C / B (Alg. 1, line 14).
+
+    Under ``tf.distribute`` with k replicas whose results are summed, each replica
+    adds an independent share of std ``stddev / sqrt(k)``, so the sum carries
+    N(0, stddev^2 I) exactly once: never k copies of one draw (std k * stddev),
+    never less.
+
+    Args:
+      gradients: the clipped sums, one tensor per variable.
+      stddev: the total noise std.
+      rng: ``tf.random.Generator``, a :class:`StepRandomness`, or ``None`` (OS entropy).
+    """
+    draws = step_randomness(rng)
+    share = tf.cast(stddev, tf.float64) / np.sqrt(num_replicas())
+    return [
+        g + draws.normal(tf.shape(g), g.dtype, NOISE_STREAM) * tf.cast(share, g.dtype)
+        for g in gradients
+    ]
