@@ -3,17 +3,23 @@
 Bu et al., "Fast and Memory Efficient Differentially Private-SGD via JL
 Projections", arXiv:2102.03013v1 (Algorithm 1: DP-SGD-JL; Algorithm 3:
 DP-Adam-JL; Algorithm 4: DP-SGD). Privacy is accounted by ``fdp.PLDAccountant``
-(see :class:`PrivacyCallback`). See ``docs/training.md``.
+over the model's ledger (see :class:`PrivacyCallback`). See ``docs/training.md``.
 
 Public API::
 
     fdp_tf.DPSGDJL, fdp_tf.DPAdamJL            # JL-estimated per-example clipping
     fdp_tf.DPSGDVanilla, fdp_tf.DPAdamVanilla  # exact per-example clipping
     fdp_tf.make_private(model, optimizer=..., loss=..., metrics=...)
-    fdp_tf.PrivateModel(model)
+    fdp_tf.PrivateModel(model)                 # .ledger, .epsilon(delta)
     fdp_tf.poisson_batches(x, y, expected_batch_size=B)
     fdp_tf.PrivacyCallback(delta=1e-5)
     fdp_tf.compute_epsilon(optimizer, delta=..., sampling_rate=...)
+
+Module map (one concept each): ``randomness`` (OS-entropy noise), ``forward`` (the
+recorded pass), ``clipping`` (clip factors, release with noise), ``jl`` (the JL
+estimator), ``per_example`` (exact clipping), ``layerwise`` (exact norms layer by
+layer), ``ledger`` (what ran, its epsilon), ``guards`` (what is refused),
+``sampling``, ``losses``, ``optimizers``, ``model``, ``callbacks``.
 """
 
 import keras as _keras
@@ -24,29 +30,25 @@ if _keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on th
         f"{_keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before importing keras."
     )
 
-from fdp_tf.callbacks import PrivacyCallback, compute_epsilon
+from fdp_tf.callbacks import PrivacyCallback
+from fdp_tf.clipping import clip_factors, clipped_gradient
 from fdp_tf.config import DPConfig
-from fdp_tf.gradients import (
-    ForwardPass,
-    PrivateGradient,
-    RecordedForward,
-    add_gaussian_noise,
-    clip_factors,
-    clipped_gradient,
+from fdp_tf.forward import ForwardPass, PrivateGradient, RecordedForward, record_forward
+from fdp_tf.introspection import looped_rnn_layers
+from fdp_tf.jl import (
     double_vjp_projections,
     forward_mode_projections,
     jl_norm_estimates,
     jl_norms,
     jl_private_gradient,
-    per_example_gradients,
-    per_example_norms,
-    record_forward,
     sample_directions,
-    vanilla_private_gradient,
 )
-from fdp_tf.introspection import looped_rnn_layers
-from fdp_tf.model import PrivateModel, make_private, per_example_loss_fn
+from fdp_tf.ledger import PrivacyLedger, Segment, compute_epsilon
+from fdp_tf.losses import per_example_loss_fn
+from fdp_tf.model import PrivateModel, make_private
 from fdp_tf.optimizers import DPAdamJL, DPAdamVanilla, DPOptimizer, DPSGDJL, DPSGDVanilla
+from fdp_tf.per_example import per_example_gradients, per_example_norms, vanilla_private_gradient
+from fdp_tf.randomness import NotPrivateWarning, add_gaussian_noise
 from fdp_tf.sampling import PoissonSampling, SamplingWarning, poisson_batches, poisson_sampling_of
 
 __all__ = [
@@ -57,12 +59,15 @@ __all__ = [
     "DPSGDJL",
     "DPSGDVanilla",
     "ForwardPass",
+    "NotPrivateWarning",
     "PoissonSampling",
     "PrivacyCallback",
+    "PrivacyLedger",
     "PrivateGradient",
     "PrivateModel",
     "RecordedForward",
     "SamplingWarning",
+    "Segment",
     "add_gaussian_noise",
     "clip_factors",
     "clipped_gradient",

@@ -95,7 +95,7 @@ class DPConfig:
 
 
 def check_expected_batch_size(value: object) -> int | None:
-    """``None`` (use the realised batch size) or an integer B >= 1."""
+    """``None`` (not known yet: a step then refuses) or an integer B >= 1."""
     if value is None:
         return None
     return check_integer("expected_batch_size", value, low=1)

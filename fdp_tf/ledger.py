@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -169,7 +169,3 @@ def empty_table() -> np.ndarray:
     table = np.zeros((MAX_SEGMENTS, FIELDS))
     table[:, 0] = -1.0
     return table
-
-
-def segments_of(table: Any) -> Sequence[Segment]:
-    return PrivacyLedger.from_table(table).segments

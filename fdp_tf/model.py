@@ -5,14 +5,15 @@ for a consistent per-example loss): the forward pass runs inside the
 optimizer's :meth:`~fdp_tf.DPOptimizer.compute_private_gradients`, which
 returns the clipped and noised gradient, and the ordinary ``apply_gradients``
 applies it. ``compile``, ``fit``, ``evaluate``, ``predict``, callbacks and
-saving are Keras's own.
+saving are Keras's own. Every private step is written into the model's privacy
+ledger (:mod:`fdp_tf.ledger`), saved with its weights.
 
 Typical use::
 
     model = fdp_tf.make_private(
         model,
         optimizer=fdp_tf.DPAdamJL(l2_norm_clip=1.0, noise_multiplier=0.6,
-                                  jl_projections=5, learning_rate=1e-3),
+                                  jl_projections=30, learning_rate=1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                         reduction=None),
         metrics=["accuracy"],
@@ -26,84 +27,19 @@ Typical use::
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
 
-from fdp_tf.gradients import ForwardPass
+from fdp_tf.forward import ForwardPass
+from fdp_tf.guards import NonTrainableWatch, refuse_unsupported_layers
+from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, PrivacyLedger, Segment, empty_table, table_with
+from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
 from fdp_tf.optimizers import DPOptimizer
-from fdp_tf.sampling import SamplingWarning, poisson_sampling_of
+from fdp_tf.sampling import PoissonSampling, SamplingWarning, pad_to_replicas, sampling_for_fit
 
 __all__ = ["PrivateModel", "make_private", "per_example_loss_fn"]
-
-PerExampleLoss = Callable[[Any, Any, Any], tf.Tensor]
-
-
-def per_example_loss_fn(loss: Any) -> PerExampleLoss:
-    """Check ``loss`` gives one value per example; return ``f(y, y_pred, w) -> [b]``.
-
-    Accepted: a ``keras.losses.Loss`` with ``reduction=None`` (or ``"none"``), a
-    loss function such as ``keras.losses.sparse_categorical_crossentropy`` or
-    its string name. Losses with non-batch axes left (e.g. per time step) are
-    averaged over those axes. Sample weights multiply each example's loss.
-
-    Raises:
-      ValueError: naming the loss, if it reduces over the batch (DP needs
-        l_1..l_b to clip each example), is missing, or is a dict/list.
-    """
-    if loss is None:
-        raise ValueError(
-            "loss must be given: a per-example loss such as "
-            "keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)"
-        )
-    if isinstance(loss, (dict, list, tuple)):
-        raise ValueError(
-            f"loss must be a single per-example loss; got {type(loss).__name__} "
-            "(multi-output losses are not supported by PrivateModel)"
-        )
-    resolved = keras.losses.get(loss) if isinstance(loss, str) else loss
-    if isinstance(resolved, keras.losses.Loss):
-        if resolved.reduction not in (None, "none"):
-            raise ValueError(
-                f"loss {_loss_name(loss)} has reduction={resolved.reduction!r}, which "
-                "averages over the batch; differentially private training clips each "
-                "example's gradient and needs one loss per example. Pass reduction=None, "
-                f"e.g. keras.losses.{type(resolved).__name__}(..., reduction=None)."
-            )
-    elif not callable(resolved):
-        raise ValueError(f"loss must be a Keras loss or a callable; got {loss!r}")
-    name = _loss_name(loss)
-
-    def compute(y: Any, y_pred: Any, sample_weight: Any = None) -> tf.Tensor:
-        if isinstance(resolved, keras.losses.Loss):
-            values = resolved(y, y_pred, sample_weight=sample_weight)
-            weighted = True
-        else:
-            values = resolved(y, y_pred)
-            weighted = False
-        values = tf.convert_to_tensor(values)
-        if values.shape.rank == 0:
-            raise ValueError(
-                f"loss {name} returned a scalar (a loss reduced over the batch); "
-                "differentially private training needs one loss per example, shape "
-                "[batch]. Use a Keras loss with reduction=None."
-            )
-        if values.shape.rank > 1:
-            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-        if sample_weight is not None and not weighted:
-            values = values * tf.cast(tf.reshape(sample_weight, (-1,)), values.dtype)
-        return values
-
-    return compute
-
-
-def _loss_name(loss: Any) -> str:
-    if isinstance(loss, str):
-        return repr(loss)
-    if isinstance(loss, keras.losses.Loss):
-        return f"{type(loss).__name__}(name={loss.name!r})"
-    return getattr(loss, "__name__", repr(loss))
 
 
 @keras.saving.register_keras_serializable(package="fdp_tf")
@@ -113,7 +49,8 @@ class PrivateModel(keras.Model):
     With a :class:`fdp_tf.DPOptimizer` each training step computes
     g~ = (1/B) sum_i c_i grad l_i + (sigma C / B) N(0, I) from one forward
     pass; with any other Keras optimizer it trains without privacy on the mean
-    per-example loss (for comparison runs).
+    per-example loss (for comparison runs; the ledger then records a non-private
+    segment and epsilon is infinite).
 
     Args:
       model: the Keras model (any architecture; must have trainable variables).
@@ -121,10 +58,10 @@ class PrivateModel(keras.Model):
 
     Attributes:
       base_model: the wrapped model.
-      sampling_rate: p = B / N of the data seen by the last ``fit`` when it is
-        known (a :func:`fdp_tf.poisson_batches` dataset, or arrays with
-        ``batch_size``); read by :class:`fdp_tf.PrivacyCallback`.
+      ledger: the :class:`fdp_tf.PrivacyLedger` of everything trained so far.
     """
+
+    calls_only_base_model = True  # its call runs base_model and nothing else (layer taps)
 
     def __init__(self, model: keras.Model, **kwargs: Any) -> None:
         if not isinstance(model, keras.layers.Layer):
@@ -136,7 +73,18 @@ class PrivateModel(keras.Model):
         super().__init__(**kwargs)
         self.base_model = model
         self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.sampling_rate: float | None = None
+        self.dropped_tracker = keras.metrics.Sum(name="dropped_examples")
+        # the ledger: one row per segment (kind, sigma, r, rate, steps); saved as a weight
+        self.dp_ledger = self.add_weight(
+            shape=(MAX_SEGMENTS, FIELDS), dtype="float64", trainable=False, name="dp_ledger",
+            initializer=keras.initializers.Constant(empty_table()),
+            aggregation="only_first_replica",
+        )
+        self.dp_ledger_row = self.add_weight(
+            shape=(), dtype="int32", trainable=False, name="dp_ledger_row",
+            initializer="zeros", aggregation="only_first_replica",
+        )
+        self._ledger_open = False
         self._per_example_loss: PerExampleLoss | None = None
         self._sampling_warned = False
 
@@ -173,24 +121,20 @@ class PrivateModel(keras.Model):
         return [self.loss_tracker, *others]
 
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, *args: Any, **kwargs: Any) -> None:
-        """Keras ``compile``; ``loss`` must give one value per example (reduction=None)."""
-        self._per_example_loss = per_example_loss_fn(loss)
-        from fdp_tf.introspection import iter_layers
+        """Keras ``compile``; ``loss`` must give one value per example (reduction=None).
 
-        policies = {getattr(layer.dtype_policy, "name", "float32") for layer in iter_layers(self)}
-        policy = next((p for p in sorted(policies) if p.startswith("mixed_")), "float32")
-        if isinstance(optimizer, DPOptimizer) and policy.startswith("mixed_"):
-            # Keras would wrap the optimizer in a LossScaleOptimizer, which applies
-            # gradients that did not go through the private clipping and noise
-            raise ValueError(
-                f"mixed precision (dtype policy {policy!r}) is not supported with the DP "
-                "optimizers: loss scaling wraps the optimizer and bypasses its clipping and "
-                "noise. Build the model under keras.mixed_precision.set_global_policy('float32')"
-            )
-        if isinstance(optimizer, DPOptimizer) and kwargs.get("jit_compile", "auto") == "auto":
-            # XLA support of forward-mode accumulators and while-loop jacobians
-            # is not tested here; opt in with jit_compile=True.
-            kwargs["jit_compile"] = False
+        Raises:
+          ValueError: for a DP optimizer, if the model has a layer that cannot be
+            trained privately (BatchNormalization, a stateful RNN, mixed precision),
+            naming it and the alternative.
+        """
+        self._per_example_loss = per_example_loss_fn(loss)
+        if isinstance(optimizer, DPOptimizer):
+            refuse_unsupported_layers(self)
+            if kwargs.get("jit_compile", "auto") == "auto":
+                # XLA support of forward-mode accumulators and while-loop jacobians
+                # is not tested here; opt in with jit_compile=True.
+                kwargs["jit_compile"] = False
         super().compile(optimizer, loss, *args, **kwargs)
 
     def get_compile_config(self) -> dict[str, Any]:
@@ -226,7 +170,11 @@ class PrivateModel(keras.Model):
                 "into the per-example loss, or use weight regularizers (kernel_regularizer, ...)"
             )
         extra = self._get_regularization_losses()
-        return tf.add_n([tf.cast(v, "float32") for v in extra]) if extra else None
+        if not extra:
+            return None
+        # gradients of all replicas are summed: each adds its share of the penalty
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return tf.add_n([tf.cast(v, "float32") for v in extra]) / float(replicas)
 
     def compute_loss(
         self, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None,
@@ -251,12 +199,21 @@ class PrivateModel(keras.Model):
         variables = self.trainable_variables
         if not variables:
             raise ValueError("model has no trainable variables; nothing to train privately")
+        if not self._ledger_open:
+            raise ValueError(
+                "the sampling of this training step is unknown, so its privacy cannot be "
+                "accounted: train with PrivateModel.fit (which reads it from the data), or "
+                "call model.open_segment(fdp_tf.PoissonSampling(...)) before a custom loop"
+            )
         optimizer = self.optimizer
         if isinstance(optimizer, DPOptimizer):
             result = optimizer.compute_private_gradients(
-                lambda: self.forward_pass(x, y, sample_weight), variables, model=self
+                lambda: self.forward_pass(x, y, sample_weight), variables, model=self.base_model,
+                forward_on_rows=lambda keep: self._forward_on_rows(keep, x, y, sample_weight),
             )
             grads, forward = result.gradients, result.forward
+            if result.dropped is not None:
+                self.dropped_tracker.update_state(tf.cast(result.dropped, "float32"))
         else:
             with tf.GradientTape() as tape:
                 forward = self.forward_pass(x, y, sample_weight)
@@ -265,87 +222,124 @@ class PrivateModel(keras.Model):
                     total = total + forward.regularization
             grads = tape.gradient(total, variables)
         optimizer.apply_gradients(zip(grads, variables))
+        self._count_step()
         self._track_loss(forward)
         return self.compute_metrics(x, y, forward.outputs, sample_weight=sample_weight)
+
+    def _forward_on_rows(self, keep: tf.Tensor, x: Any, y: Any, sample_weight: Any) -> ForwardPass:
+        pick = lambda t: None if t is None else tf.boolean_mask(t, keep)  # noqa: E731
+        return self.forward_pass(
+            tf.nest.map_structure(pick, x), tf.nest.map_structure(pick, y), pick(sample_weight)
+        )
+
+    def _count_step(self) -> None:
+        """One more step in the current ledger row (in the graph, saved with the weights)."""
+        index = tf.stack([tf.convert_to_tensor(self.dp_ledger_row), tf.constant(FIELDS - 1, tf.int32)])[None, :]
+        self.dp_ledger.assign(
+            tf.tensor_scatter_nd_add(tf.convert_to_tensor(self.dp_ledger), index, tf.ones([1], tf.float64))
+        )
 
     def test_step(self, data: Any) -> dict[str, Any]:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = self(x, training=False)
         losses = self.per_example_loss(y, y_pred, sample_weight)
         self._track_loss(ForwardPass(losses, self._regularization(), y_pred))
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        result = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        result.pop(self.dropped_tracker.name, None)  # a training-only count
+        return result
 
     def _track_loss(self, forward: ForwardPass) -> None:
         losses = forward.per_example_losses
+        finite = tf.math.is_finite(losses)  # dropped examples do not make the loss NaN
+        losses = tf.boolean_mask(losses, finite)
         count = tf.cast(tf.shape(losses)[0], losses.dtype)
         mean = tf.math.divide_no_nan(tf.reduce_sum(losses), count)
         if forward.regularization is not None:
             mean = mean + tf.cast(forward.regularization, mean.dtype)
         self.loss_tracker.update_state(mean, sample_weight=count)
 
-    # -- fit: sampling bookkeeping -------------------------------------------------
+    # -- fit: sampling and the ledger -------------------------------------------
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """Everything trained so far (restored with the weights)."""
+        return PrivacyLedger.from_table(keras.ops.convert_to_numpy(self.dp_ledger))
+
+    def epsilon(self, delta: float) -> float:
+        """Certified upper bound on epsilon at ``delta`` of all training in the ledger."""
+        return self.ledger.epsilon(delta)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any,
-            **kwargs: Any) -> Any:
-        """Keras ``fit``, after recording how the data are sampled.
+            sampling: PoissonSampling | None = None, **kwargs: Any) -> Any:
+        """Keras ``fit``, after opening the ledger segment of how the data are sampled.
 
-        * A :func:`fdp_tf.poisson_batches` dataset: p = B / N is recorded and a
+        * A :func:`fdp_tf.poisson_batches` dataset: p = B / N is read from it and a
           DP optimizer without ``expected_batch_size`` gets B.
-        * Anything else (arrays, other datasets, generators): a
-          :class:`fdp_tf.SamplingWarning` is issued once, because the
-          accountant assumes Poisson sampling. For arrays, p = batch_size / N
-          is recorded and used as the (approximate) sampling rate.
+        * ``sampling=fdp_tf.PoissonSampling(num_examples=N, expected_batch_size=B)``:
+          for any other input that is Poisson-sampled (e.g. a ``poisson_batches``
+          dataset after ``.map``); you vouch for the sampling.
+        * Arrays: fixed-size shuffled batches, accounted as Poisson at
+          p = batch_size / N_train (N_train: the rows left after
+          ``validation_split``), with a :class:`fdp_tf.SamplingWarning`.
+
+        Raises:
+          ValueError: for a DP optimizer when neither B nor p can be known (a
+            dataset or generator without ``sampling=``), or when B disagrees with the
+            optimizer's ``expected_batch_size``.
         """
-        self._record_sampling(x, batch_size)
-        if isinstance(x, tf.data.Dataset) and len(args) < 6:  # shuffle is the 6th after batch_size
-            kwargs.setdefault("shuffle", False)  # a dataset is not reshuffled by Keras anyway
-        return super().fit(x, y, batch_size, *args, **kwargs)
-
-    def _record_sampling(self, x: Any, batch_size: int | None) -> None:
-        spec = poisson_sampling_of(x)
+        split = kwargs.get("validation_split", args[4] if len(args) > 4 else 0.0) or 0.0
+        spec, poisson = sampling_for_fit(x, batch_size, split, sampling)
         optimizer = getattr(self, "optimizer", None)
-        if spec is not None:
-            self._set_sampling_rate(spec.sampling_rate, optimizer)
-            self._set_expected_batch_size(optimizer, spec.expected_batch_size, strict=True)
-            return
-        if isinstance(optimizer, DPOptimizer):
-            self._warn_sampling()
-        n = _array_rows(x)
-        if n is not None:
-            size = min(batch_size or 32, n)
-            self._set_sampling_rate(size / n, optimizer)
-            self._set_expected_batch_size(optimizer, size, strict=False)
+        self._open_ledger(spec, poisson, optimizer)
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        if isinstance(x, tf.data.Dataset):
+            if len(args) < 6:  # shuffle is the 6th after batch_size
+                kwargs.setdefault("shuffle", False)  # a dataset is not reshuffled by Keras anyway
+            if replicas > 1:
+                x = pad_to_replicas(x, replicas)
+        watch = NonTrainableWatch(self.base_model) if isinstance(optimizer, DPOptimizer) else None
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        if watch is not None and watch.variables:
+            callbacks.append(_WatchFirstStep(watch))
+        return super().fit(x, y, batch_size, *args, callbacks=callbacks, **kwargs)
 
-    def _set_sampling_rate(self, rate: float, optimizer: Any) -> None:
-        """Record p for the accountant. The optimizer counts steps, not their rates, so once
-        steps have been taken at another rate every step is charged at the largest rate
-        seen (epsilon grows with p: an upper bound), with a warning."""
-        previous = self.sampling_rate
-        taken = optimizer.steps if isinstance(optimizer, DPOptimizer) else 0
-        if previous is not None and taken > 0 and rate != previous:
-            warnings.warn(
-                f"this fit samples at rate {rate:.6g}, earlier steps at {previous:.6g}; epsilon "
-                f"now charges all steps at the larger rate {max(rate, previous):.6g} (an upper "
-                "bound). For exact accounting of phases compose them in an fdp.PLDAccountant",
-                UserWarning,
-                stacklevel=4,
-            )
-            rate = max(rate, previous)
-        self.sampling_rate = rate
+    def open_segment(self, sampling: PoissonSampling) -> None:
+        """Open (or continue) the ledger segment for steps at ``sampling`` (custom loops)."""
+        self._open_ledger(sampling, True, getattr(self, "optimizer", None))
+
+    def _open_ledger(self, spec: PoissonSampling | None, poisson: bool, optimizer: Any) -> None:
+        if isinstance(optimizer, DPOptimizer):
+            if spec is None:
+                raise ValueError(
+                    "fit cannot know how this input is sampled, so neither the expected batch "
+                    "size B (the noise std is sigma*C/B) nor the sampling rate can be known. "
+                    "Train on fdp_tf.poisson_batches(x, y, expected_batch_size=B), or pass "
+                    "fit(..., sampling=fdp_tf.PoissonSampling(num_examples=N, "
+                    "expected_batch_size=B)) for a Poisson-sampled pipeline of your own"
+                )
+            if not poisson:
+                self._warn_sampling()
+            self._set_expected_batch_size(optimizer, spec.expected_batch_size, strict=poisson)
+            segment = optimizer.segment(spec.sampling_rate)
+        else:
+            rate = spec.sampling_rate if spec is not None else 1.0
+            segment = Segment("non_private", 0.0, 0, rate, 0)
+        table, row = table_with(keras.ops.convert_to_numpy(self.dp_ledger), segment)
+        self.dp_ledger.assign(table)
+        self.dp_ledger_row.assign(row)
+        self._ledger_open = True
 
     def _set_expected_batch_size(self, optimizer: Any, size: int, *, strict: bool) -> None:
-        if not isinstance(optimizer, DPOptimizer):
-            return
         current = optimizer.expected_batch_size
         if current is None:
             optimizer.expected_batch_size = size
             if getattr(self, "train_function", None) is not None:
                 self.make_train_function(force=True)
-        elif strict and current != size:
+        elif current != size and (strict or current > size):  # a larger B: too little noise
             raise ValueError(
-                f"expected_batch_size of the optimizer is {current} but the Poisson "
-                f"dataset was built with expected_batch_size={size}; they must agree "
-                "(the noise scale sigma*C/B uses B)"
+                f"expected_batch_size of the optimizer is {current} but the data are "
+                f"sampled with expected batch size {size}; they must agree (the noise std "
+                "sigma*C/B uses B)"
             )
 
     def _warn_sampling(self) -> None:
@@ -353,25 +347,27 @@ class PrivateModel(keras.Model):
             return
         self._sampling_warned = True
         warnings.warn(
-            "PrivateModel.fit got data that is not from fdp_tf.poisson_batches (e.g. "
-            "fixed-size shuffled batches). The privacy accountant assumes Poisson "
-            "sampling with rate p = B/N, so the reported epsilon is only an "
-            "approximation for this data pipeline. Use "
+            "PrivateModel.fit got arrays, which Keras cuts into shuffled fixed-size batches. "
+            "The privacy accountant assumes Poisson sampling with rate p = B/N, so the "
+            "reported epsilon is only an approximation for this data pipeline. Use "
             "fdp_tf.poisson_batches(x, y, expected_batch_size=B) for a certified bound.",
             SamplingWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
-def _array_rows(x: Any) -> int | None:
-    """Number of rows of array-like ``x`` (or a nest of arrays); None for datasets etc."""
-    if x is None or isinstance(x, tf.data.Dataset):
-        return None
-    leaves = tf.nest.flatten(x)
-    try:
-        return int(leaves[0].shape[0]) if leaves and hasattr(leaves[0], "shape") else None
-    except (TypeError, IndexError):
-        return None
+class _WatchFirstStep(keras.callbacks.Callback):
+    """Runs :class:`fdp_tf.guards.NonTrainableWatch` after the first training step."""
+
+    def __init__(self, watch: NonTrainableWatch) -> None:
+        super().__init__()
+        self.watch = watch
+        self.done = False
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self.done:
+            self.done = True
+            self.watch.check()
 
 
 def make_private(

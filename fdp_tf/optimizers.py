@@ -24,19 +24,20 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
+from fdp_tf.clipping import check_batch_size
 from fdp_tf.config import (
     MAX_NESTED_FORWARD_PROJECTIONS,
     DPConfig,
     check_expected_batch_size,
 )
-from fdp_tf.gradients import (
-    ForwardPass,
-    PrivateGradient,
-    jl_private_gradient,
-    layerwise_unsupported,
-    vanilla_private_gradient,
-)
+from fdp_tf.forward import ForwardPass, PrivateGradient
 from fdp_tf.introspection import looped_rnn_layers
+from fdp_tf.jl import jl_private_gradient
+from fdp_tf.layerwise import layerwise_unsupported
+from fdp_tf.ledger import Segment
+from fdp_tf.nonfinite import without_nonfinite_examples
+from fdp_tf.per_example import vanilla_private_gradient
+from fdp_tf.randomness import _Holder, os_entropy_generator, seeded_generator
 
 __all__ = [
     "DPOptimizer",
@@ -57,12 +58,14 @@ class DPOptimizer:
       l2_norm_clip: C > 0, per-example clipping norm.
       noise_multiplier: sigma >= 0; the noise on the average gradient has std
         sigma * C / B.
-      expected_batch_size: B. With Poisson sampling this must be the *expected*
-        batch size p*N (``PrivateModel.fit`` fills it in from
-        :func:`fdp_tf.poisson_batches`). ``None`` divides by the realised batch
-        size, which is right only for fixed-size batches.
-      seed: int seed for the JL directions and the noise (tests only; leave
-        ``None`` in real use).
+      expected_batch_size: B, the *expected* batch size p*N of the Poisson sampling
+        (global, over all replicas). ``None`` until known: ``PrivateModel.fit`` fills
+        it in from the data; a step with B unknown is refused (dividing by the
+        realised batch size would make the noise scale depend on the data).
+      seed: ``None`` (the default, and the only private choice): the noise and the JL
+        directions come from a generator seeded by OS entropy, independent of every
+        global seed. An int makes them reproducible for tests and warns
+        :class:`fdp_tf.NotPrivateWarning`.
 
     Gradient accumulation (Keras ``gradient_accumulation_steps=k``): every
     ``apply`` is one noisy release and is counted as one step. The applied
@@ -97,8 +100,13 @@ class DPOptimizer:
         self.dp_config = config
         self.expected_batch_size = batch
         self.seed = seed
-        self.noise_seed_generator = keras.random.SeedGenerator(seed)
-        self.dp_steps = keras.Variable(0, dtype="int64", trainable=False, name="dp_steps")
+        # out of TF's object tracking: a checkpoint must never hold the generator state
+        self._dp_rng = _Holder(
+            os_entropy_generator() if seed is None else seeded_generator(seed, stacklevel=4)
+        )
+        self.dp_steps = keras.Variable(
+            0, dtype="int64", trainable=False, name="dp_steps", aggregation="only_first_replica"
+        )
         self._dp_pending: tuple[Any, ...] | None = None
 
     # -- configuration -------------------------------------------------------
@@ -144,14 +152,23 @@ class DPOptimizer:
         """The ``fdp`` mechanism of one step at Poisson sampling rate p = B / N."""
         raise NotImplementedError
 
+    def segment(self, sampling_rate: float, steps: int = 0) -> Segment:
+        """The ledger entry of ``steps`` steps of this optimizer at rate p."""
+        raise NotImplementedError
+
     def epsilon(self, delta: float, sampling_rate: float, steps: int | None = None) -> float:
-        """Upper bound on epsilon after ``steps`` (default: :attr:`steps`) steps.
+        """Upper bound on epsilon after ``steps`` (default: :attr:`steps`) steps at one rate.
 
         Computed by ``fdp.PLDAccountant().compose(self.mechanism(p), steps=n)``.
         """
-        from fdp_tf.callbacks import compute_epsilon
+        from fdp_tf.ledger import compute_epsilon
 
         return compute_epsilon(self, delta=delta, sampling_rate=sampling_rate, steps=steps)
+
+    @property
+    def rng(self) -> tf.random.Generator:
+        """The generator of the noise and directions (OS entropy unless seeded)."""
+        return self._dp_rng.generator
 
     # -- the private gradient path -------------------------------------------
 
@@ -161,6 +178,7 @@ class DPOptimizer:
         variables: Sequence[Any],
         *,
         model: keras.layers.Layer | None = None,
+        forward_on_rows: Callable[[tf.Tensor], ForwardPass] | None = None,
     ) -> PrivateGradient:
         """Clipped, noised gradient g~ for one batch; arms :meth:`apply`.
 
@@ -172,6 +190,12 @@ class DPOptimizer:
           variables: the trainable variables to differentiate.
           model: the model, used to choose the differentiation strategy
             (``jvp_method="auto"``, ``per_example_method="auto"``).
+          forward_on_rows: the same forward pass on the rows where a boolean mask is
+            true; lets a step be recomputed without the examples whose loss is not
+            finite (see :func:`fdp_tf.nonfinite.without_nonfinite_examples`).
+
+        Raises:
+          ValueError: if ``expected_batch_size`` is unknown.
 
         Returns:
           A :class:`fdp_tf.PrivateGradient`; pass exactly its ``gradients`` to
@@ -183,7 +207,12 @@ class DPOptimizer:
                 "variables must be a non-empty list of trainable variables; got none "
                 "(the model has no trainable variables)"
             )
+        check_batch_size(self.expected_batch_size)
         result = self._private_gradient(forward_fn, variables, model)
+        if forward_on_rows is not None:
+            result = without_nonfinite_examples(
+                result, lambda keep: self._private_gradient(
+                    lambda: forward_on_rows(keep), variables, model))
         self._dp_pending = tuple(result.gradients)
         return result
 
@@ -242,8 +271,12 @@ class _JLMixin(DPOptimizer):
             sampling_rate=sampling_rate,
         )
 
+    def segment(self, sampling_rate: float, steps: int = 0) -> Segment:
+        return Segment("jl", self.noise_multiplier, self.jl_projections, sampling_rate, steps)
+
     def resolve_jvp_method(self, model: keras.layers.Layer | None = None) -> str:
-        """``"forward"`` or ``"double_vjp"``: what ``jvp_method="auto"`` picks.
+        """What ``jvp_method="auto"`` picks: ``"double_vjp"``, or ``"auto"`` meaning
+        forward mode with the double vjp where the trace meets a loop.
 
         Forward mode (one forward pass, the cheapest) when the model has no
         looped Keras RNN and r = 1, or r = 2 inside ``tf.function`` (nested
@@ -260,7 +293,7 @@ class _JLMixin(DPOptimizer):
             return "double_vjp"
         if model is not None and looped_rnn_layers(model):
             return "double_vjp"
-        return "forward"
+        return "auto"  # forward mode, or the double vjp if the trace meets another loop
 
     def _private_gradient(self, forward_fn, variables, model):  # type: ignore[no-untyped-def]
         return jl_private_gradient(
@@ -269,8 +302,8 @@ class _JLMixin(DPOptimizer):
             l2_norm_clip=self.l2_norm_clip,
             noise_multiplier=self.noise_multiplier,
             jl_projections=self.jl_projections,
-            batch_size=self.expected_batch_size,
-            seed=self.noise_seed_generator,
+            expected_batch_size=self.expected_batch_size,
+            rng=self.rng,
             jvp_method=self.resolve_jvp_method(model),
         )
 
@@ -290,6 +323,9 @@ class _VanillaMixin(DPOptimizer):
         import fdp
 
         return fdp.Gaussian(noise_multiplier=self.noise_multiplier, sampling_rate=sampling_rate)
+
+    def segment(self, sampling_rate: float, steps: int = 0) -> Segment:
+        return Segment("gaussian", self.noise_multiplier, 0, sampling_rate, steps)
 
     def resolve_per_example_method(self, model: keras.layers.Layer | None = None) -> str:
         """What ``per_example_method="auto"`` picks for ``model``.
@@ -317,8 +353,8 @@ class _VanillaMixin(DPOptimizer):
             variables,
             l2_norm_clip=self.l2_norm_clip,
             noise_multiplier=self.noise_multiplier,
-            batch_size=self.expected_batch_size,
-            seed=self.noise_seed_generator,
+            expected_batch_size=self.expected_batch_size,
+            rng=self.rng,
             per_example_method=self.resolve_per_example_method(model),
             model=model,
         )

@@ -24,9 +24,17 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fdp._validation import check_integer
+from fdp._validation import check_integer, check_real
+from fdp_tf.randomness import _Holder, os_entropy_generator, seeded_generator
 
-__all__ = ["PoissonSampling", "SamplingWarning", "poisson_batches", "poisson_sampling_of"]
+__all__ = [
+    "PoissonSampling",
+    "SamplingWarning",
+    "pad_to_replicas",
+    "poisson_batches",
+    "poisson_sampling_of",
+    "sampling_for_fit",
+]
 
 
 class SamplingWarning(UserWarning):
@@ -39,13 +47,22 @@ class PoissonSampling:
 
     Attributes:
       num_examples: N.
-      expected_batch_size: B.
-      steps_per_epoch: batches drawn per pass over the dataset.
+      expected_batch_size: B, 1 <= B <= N.
+      steps_per_epoch: batches drawn per pass over the dataset (informational).
+
+    Raises:
+      ValueError: naming the field, for N < 1 or B outside [1, N].
     """
 
     num_examples: int
     expected_batch_size: int
-    steps_per_epoch: int
+    steps_per_epoch: int | None = None
+
+    def __post_init__(self) -> None:
+        n = check_integer("num_examples", self.num_examples, low=1)
+        check_integer("expected_batch_size", self.expected_batch_size, low=1, high=n)
+        if self.steps_per_epoch is not None:
+            check_integer("steps_per_epoch", self.steps_per_epoch, low=1)
 
     @property
     def sampling_rate(self) -> float:
@@ -91,7 +108,10 @@ def poisson_batches(
       sample_weight: optional weights with N rows.
       steps_per_epoch: batches per epoch; default ceil(N / B) (one expected
         pass over the data).
-      seed: for reproducible batches (tests); ``None`` draws a fresh seed.
+      seed: ``None`` (private): every batch is drawn from a generator seeded by OS
+        entropy, independent of every global seed, and new at every epoch. An int
+        makes the batches reproducible (tests) and warns
+        :class:`fdp_tf.NotPrivateWarning`.
 
     Returns:
       The dataset; its :class:`PoissonSampling` is available through
@@ -110,15 +130,18 @@ def poisson_batches(
         steps = check_integer("steps_per_epoch", steps_per_epoch, low=1)
     rate = batch / n
     tensors = tf.nest.map_structure(tf.convert_to_tensor, data)
+    holder = _Holder(os_entropy_generator() if seed is None else seeded_generator(seed))
 
-    def select(seed_pair: tf.Tensor) -> Any:
-        keep = tf.random.stateless_uniform((n,), seed=seed_pair, dtype=tf.float64) < rate
+    def select(_: tf.Tensor) -> Any:
+        # the generator advances at every batch and every epoch; never a global seed
+        keep = holder.generator.uniform((n,), dtype=tf.float64) < rate
         index = tf.where(keep)[:, 0]
         picked = tf.nest.map_structure(lambda t: tf.gather(t, index), tensors)
         return picked if len(picked) > 1 else picked[0]
 
-    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-    dataset = seeds.take(steps).map(select).prefetch(tf.data.AUTOTUNE)
+    # one batch at a time, in order: the generator's draws must not race
+    dataset = tf.data.Dataset.range(steps).map(select, num_parallel_calls=None).prefetch(tf.data.AUTOTUNE)
+    dataset._fdp_generator = holder  # keeps the generator alive with the dataset
     _REGISTRY[dataset] = PoissonSampling(n, batch, steps)
     return dataset
 
@@ -135,3 +158,70 @@ def _num_rows(data: tuple[Any, ...]) -> int:
     if n < 1:
         raise ValueError("x must have at least one row; got 0")
     return n
+
+
+def sampling_for_fit(
+    x: Any, batch_size: int | None, validation_split: float, sampling: PoissonSampling | None
+) -> tuple[PoissonSampling | None, bool]:
+    """How ``fit`` input is sampled: ``(spec, is_poisson)``; spec ``None`` when unknowable.
+
+    Arrays are cut by Keras into shuffled fixed-size batches of the rows left after
+    ``validation_split`` (its split keeps floor(N (1 - split)) rows for training).
+    """
+    if sampling is not None:
+        if not isinstance(sampling, PoissonSampling):
+            raise ValueError(
+                f"sampling must be an fdp_tf.PoissonSampling; got {type(sampling).__name__}"
+            )
+        return sampling, True
+    spec = poisson_sampling_of(x)
+    if spec is not None:
+        return spec, True
+    n = _array_rows(x)
+    if n is None:
+        return None, False
+    split = check_real("validation_split", validation_split, low=0.0, high=1.0, high_inclusive=False)
+    n_train = int(math.floor(n * (1.0 - split))) if split else n
+    if n_train < 1:
+        raise ValueError(f"validation_split={split} leaves no training rows out of {n}")
+    size = min(batch_size or 32, n_train)
+    return PoissonSampling(n_train, size, math.ceil(n_train / size)), False
+
+
+def _array_rows(x: Any) -> int | None:
+    """Number of rows of array-like ``x`` (or a nest of arrays); None for datasets etc."""
+    if x is None or isinstance(x, tf.data.Dataset):
+        return None
+    leaves = tf.nest.flatten(x)
+    try:
+        return int(leaves[0].shape[0]) if leaves and hasattr(leaves[0], "shape") else None
+    except (TypeError, IndexError):
+        return None
+
+
+def pad_to_replicas(dataset: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
+    """Pad every batch with zero rows of sample weight 0 to a multiple of ``replicas``.
+
+    Keras splits a global batch between replicas and, for its first batch, averages
+    the replicas' parts, which fails when they differ in size. A padded row has loss
+    0 * l = 0: its gradient is 0, it changes no clipped sum, and the expected batch
+    size B (the noise scale) is that of the real rows.
+    """
+
+    def pad(*element: Any) -> Any:
+        x = element[0]
+        y = element[1] if len(element) > 1 else None
+        first = tf.nest.flatten(x)[0]
+        b = tf.shape(first)[0]
+        w = element[2] if len(element) > 2 else tf.ones([b], tf.float32)
+        extra = (-b) % replicas
+
+        def grow(t: tf.Tensor) -> tf.Tensor:
+            paddings = tf.concat([[[0, extra]], tf.zeros([tf.rank(t) - 1, 2], tf.int32)], 0)
+            return tf.pad(t, paddings)
+
+        x = tf.nest.map_structure(grow, x)
+        y = None if y is None else tf.nest.map_structure(grow, y)
+        return x, y, grow(tf.cast(w, tf.float32))
+
+    return dataset.map(pad)

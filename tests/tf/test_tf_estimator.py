@@ -87,7 +87,7 @@ def test_nested_forward_mode_refuses_eager_execution() -> None:
     x, y = dense_data(n=3)
     with pytest.raises(ValueError, match="tf.function"):
         fdp_tf.jl_norm_estimates(
-            forward_fn(model, x, y), model.trainable_variables, 2, jvp_method="forward", seed=1
+            forward_fn(model, x, y), model.trainable_variables, 2, jvp_method="forward", rng=tf.random.Generator.from_seed(1)
         )
 
 
@@ -98,7 +98,7 @@ def test_forward_mode_through_rnn_loop_fails_with_advice() -> None:
     @tf.function
     def run():
         return fdp_tf.jl_norm_estimates(
-            forward_fn(model, x, y), model.trainable_variables, 1, jvp_method="forward", seed=1
+            forward_fn(model, x, y), model.trainable_variables, 1, jvp_method="forward", rng=tf.random.Generator.from_seed(1)
         )[1]
 
     with pytest.raises(ValueError, match="unroll=True"):
@@ -124,13 +124,13 @@ def test_squared_estimate_follows_chi_square_law(method: str, r: int) -> None:
     model = dense_model()
     x, y = dense_data(n=4)
     exact_sq = np.array([g @ g for g in loop_per_example_gradients(model, x, y)])
-    seed = keras.random.SeedGenerator(11)
+    seed = tf.random.Generator.from_seed(11)
 
     @tf.function
     def draw():
         return fdp_tf.jl_norm_estimates(
             forward_fn(model, x, y, training=False), model.trainable_variables, r,
-            jvp_method=method, seed=seed,
+            jvp_method=method, rng=seed,
         )[1]
 
     draws = 600
@@ -180,7 +180,7 @@ def test_three_four_five_clipping() -> None:
     y = np.zeros(2, dtype=np.float32)
     fn = forward_fn(model, x, y, loss=_identity_loss)
     exact = fdp_tf.vanilla_private_gradient(
-        fn, model.trainable_variables, l2_norm_clip=1.0, noise_multiplier=0.0, batch_size=1
+        fn, model.trainable_variables, l2_norm_clip=1.0, noise_multiplier=0.0, expected_batch_size=1
     )
     np.testing.assert_allclose(exact.norms.numpy(), [5.0, 0.5], rtol=1e-6)
     np.testing.assert_allclose(exact.clip_factors.numpy(), [0.2, 1.0], rtol=1e-6)
@@ -199,7 +199,7 @@ def test_jl_with_many_projections_clips_like_exact_norms() -> None:
     fn = forward_fn(model, x, np.zeros(1, np.float32), loss=_identity_loss)
     result = fdp_tf.jl_private_gradient(
         fn, model.trainable_variables, l2_norm_clip=1.0, noise_multiplier=0.0,
-        jl_projections=500, seed=3, jvp_method="double_vjp",
+        jl_projections=500, expected_batch_size=1, rng=tf.random.Generator.from_seed(3), jvp_method="double_vjp",
     )
     # M / ||g|| = sqrt(chi2_r / r) has standard deviation about 1 / sqrt(2 r) = 0.032.
     np.testing.assert_allclose(result.norms.numpy(), [5.0], rtol=0.15)
@@ -221,12 +221,12 @@ def test_noise_std_is_sigma_c_over_b(kind: str) -> None:
     if kind == "jl":
         result = fdp_tf.jl_private_gradient(
             fn, model.trainable_variables, l2_norm_clip=clip, noise_multiplier=sigma,
-            jl_projections=1, batch_size=batch, seed=5,
+            jl_projections=1, expected_batch_size=batch, rng=tf.random.Generator.from_seed(5),
         )
     else:
         result = fdp_tf.vanilla_private_gradient(
             fn, model.trainable_variables, l2_norm_clip=clip, noise_multiplier=sigma,
-            batch_size=batch, seed=5,
+            expected_batch_size=batch, rng=tf.random.Generator.from_seed(5),
         )
     noise = flat(result.gradients)
     n = noise.size  # 5152 coordinates
@@ -253,7 +253,7 @@ def test_vanilla_dense_norms_equal_loop() -> None:
     x, y = dense_data(n=8)
     result = fdp_tf.vanilla_private_gradient(
         forward_fn(model, x, y, training=False), model.trainable_variables,
-        l2_norm_clip=0.3, noise_multiplier=0.0,
+        l2_norm_clip=0.3, noise_multiplier=0.0, expected_batch_size=len(x),
     )
     exact = loop_per_example_gradients(model, x, y)
     np.testing.assert_allclose(result.norms.numpy(), [np.linalg.norm(g) for g in exact], rtol=1e-4)
@@ -268,12 +268,14 @@ def test_zero_noise_and_huge_clip_give_the_non_private_gradient(kind: str) -> No
     fn = forward_fn(model, x, y, training=False)
     variables = model.trainable_variables
     if kind == "vanilla":
-        result = fdp_tf.vanilla_private_gradient(fn, variables, l2_norm_clip=1e6, noise_multiplier=0.0)
+        result = fdp_tf.vanilla_private_gradient(
+            fn, variables, l2_norm_clip=1e6, noise_multiplier=0.0, expected_batch_size=len(x)
+        )
     else:
         result = fdp_tf.jl_private_gradient(
             fn, variables, l2_norm_clip=1e6, noise_multiplier=0.0,
-            jl_projections=1 if kind == "jl_forward" else 3,
-            jvp_method=kind.removeprefix("jl_"), seed=2,
+            jl_projections=1 if kind == "jl_forward" else 3, expected_batch_size=len(x),
+            jvp_method=kind.removeprefix("jl_"), rng=tf.random.Generator.from_seed(2),
         )
     with tf.GradientTape() as tape:
         mean = tf.reduce_mean(fn().per_example_losses)
@@ -292,7 +294,7 @@ def test_regularization_gradient_is_added_unclipped() -> None:
         return fdp_tf.ForwardPass(tf.zeros_like(out[:, 0]) * tf.reduce_sum(out, 1), reg, out)
 
     result = fdp_tf.jl_private_gradient(
-        fn, variables, l2_norm_clip=1e-3, noise_multiplier=0.0, jl_projections=1, seed=1
+        fn, variables, l2_norm_clip=1e-3, noise_multiplier=0.0, jl_projections=1, expected_batch_size=len(x), rng=tf.random.Generator.from_seed(1)
     )
     np.testing.assert_allclose(result.gradients[0].numpy(), variables[0].numpy(), rtol=1e-6)
 
@@ -429,13 +431,13 @@ def test_one_forward_pass_gives_norms_and_clipped_gradient_under_dropout(kind: s
     if kind.startswith("jl"):
         result = fdp_tf.jl_private_gradient(
             fn, net.variables, l2_norm_clip=clip, noise_multiplier=0.0,
-            jl_projections=1 if kind == "jl_forward" else 3, batch_size=batch, seed=4,
+            jl_projections=1 if kind == "jl_forward" else 3, expected_batch_size=batch, rng=tf.random.Generator.from_seed(4),
             jvp_method=kind.removeprefix("jl_"),
         )
     else:
         result = fdp_tf.vanilla_private_gradient(
-            fn, net.variables, l2_norm_clip=clip, noise_multiplier=0.0, batch_size=batch,
-            vectorized=kind == "vanilla_vectorized",
+            fn, net.variables, l2_norm_clip=clip, noise_multiplier=0.0, expected_batch_size=batch,
+            per_example_method="vectorized" if kind == "vanilla_vectorized" else "loop",
         )
     assert len(net.masks) == 1
     exact = net.replay_gradients(x, y, net.masks[0])
@@ -463,7 +465,7 @@ def test_vectorized_per_example_gradients_fall_back_to_the_loop(monkeypatch) -> 
     with pytest.warns(RuntimeWarning, match="falling back to one backward pass per example"):
         result = fdp_tf.vanilla_private_gradient(
             forward_fn(model, x, y, training=False), model.trainable_variables,
-            l2_norm_clip=1.0, noise_multiplier=0.0, vectorized=True,
+            l2_norm_clip=1.0, noise_multiplier=0.0, expected_batch_size=len(x),
         )
     expected = [np.linalg.norm(g) for g in loop_per_example_gradients(model, x, y)]
     np.testing.assert_allclose(result.norms.numpy(), expected, rtol=1e-4)
@@ -473,9 +475,9 @@ def test_int_seed_gives_independent_draws_within_a_step() -> None:
     """An int seed must not repeat one draw: equal noise on equally shaped variables, or
     noise equal to a JL direction, would let an observer cancel it."""
     shapes = [tf.zeros((3, 4)), tf.zeros((3, 4))]
-    noise = [n.numpy() for n in fdp_tf.add_gaussian_noise(shapes, 1.0, seed=7)]
-    directions = [d.numpy()[0] for d in fdp_tf.sample_directions(shapes, 1, seed=7)]
+    noise = [n.numpy() for n in fdp_tf.add_gaussian_noise(shapes, 1.0, rng=tf.random.Generator.from_seed(7))]
+    directions = [d.numpy()[0] for d in fdp_tf.sample_directions(shapes, 1, rng=tf.random.Generator.from_seed(7))]
     assert not np.allclose(noise[0], noise[1])
     assert not np.allclose(noise[0], directions[0]) and not np.allclose(directions[0], directions[1])
-    again = fdp_tf.add_gaussian_noise(shapes, 1.0, seed=7)
+    again = fdp_tf.add_gaussian_noise(shapes, 1.0, rng=tf.random.Generator.from_seed(7))
     np.testing.assert_array_equal(again[0].numpy(), noise[0])  # reproducible per call

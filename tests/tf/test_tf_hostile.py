@@ -206,7 +206,7 @@ def test_reload_and_recompile_never_lower_epsilon(tmp_path) -> None:
 
 def test_vectorized_path_survives_an_empty_poisson_batch() -> None:
     model = dense_model()
-    x, y = dense_data(n=0 + 1)
+    x, y = dense_data(n=1)
 
     @tf.function
     def step(x, y):

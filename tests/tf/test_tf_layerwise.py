@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import fdp_tf
-from fdp_tf.gradients import layerwise_norms, layerwise_unsupported
+from fdp_tf.layerwise import layerwise_norms, layerwise_unsupported
 from tf_helpers import (
     bilstm_model,
     conv_model,
@@ -86,7 +86,7 @@ def test_layerwise_norms_equal_loop(name: str) -> None:
     model = MODELS[name]()
     x, y = _data(name)
     assert layerwise_unsupported(model) is None
-    recorded, norms, reason = layerwise_norms(
+    recorded, norms, _, reason = layerwise_norms(
         forward_fn(model, x, y, training=False), model.trainable_variables, model
     )
     assert reason is None
@@ -103,7 +103,7 @@ def test_layerwise_clipped_gradient_equals_example_by_example_sum(name: str) -> 
     clip, batch = 0.05, 8
     result = fdp_tf.vanilla_private_gradient(
         forward_fn(model, x, y, training=False), model.trainable_variables,
-        l2_norm_clip=clip, noise_multiplier=0.0, batch_size=batch,
+        l2_norm_clip=clip, noise_multiplier=0.0, expected_batch_size=batch,
         per_example_method="layerwise", model=model,
     )
     exact = loop_per_example_gradients(model, x, y)
@@ -155,7 +155,7 @@ def _assert_fallback_norms_exact(model: keras.Model, x, y, reason: str) -> None:
     with pytest.warns(RuntimeWarning, match=reason):
         result = fdp_tf.vanilla_private_gradient(
             forward_fn(model, x, y, training=False), model.trainable_variables,
-            l2_norm_clip=1.0, noise_multiplier=0.0, per_example_method="layerwise", model=model,
+            l2_norm_clip=1.0, noise_multiplier=0.0, expected_batch_size=len(x), per_example_method="layerwise", model=model,
         )
     expected = [np.linalg.norm(g) for g in loop_per_example_gradients(model, x, y)]
     np.testing.assert_allclose(result.norms.numpy(), expected, rtol=1e-4)

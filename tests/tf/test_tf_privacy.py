@@ -109,25 +109,36 @@ def test_epsilon_edge_cases() -> None:
         fdp_tf.compute_epsilon(optimizer, delta=DELTA, sampling_rate=0.1, steps=-1)
 
 
-def test_callback_refuses_non_private_optimizer_and_unknown_rate() -> None:
+def test_callback_refuses_a_plain_model_and_fit_refuses_an_unknown_rate() -> None:
+    """A .map-ped Poisson dataset hides B and p: fit refuses (it used to divide by the
+    realised batch size, noise std 0.64-1.67x the target) and says how to pass them."""
     x, y = dense_data(n=32)
-    plain = fdp_tf.make_private(dense_model(), optimizer=keras.optimizers.SGD(0.1), loss=CE)
-    with pytest.raises(ValueError, match="DP optimizer"):
+    plain = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    plain.compile(optimizer="sgd", loss=CE)
+    with pytest.raises(ValueError, match="PrivateModel"):
         plain.fit(x, y, epochs=1, verbose=0, callbacks=[fdp_tf.PrivacyCallback(delta=DELTA)])
     private = fdp_tf.make_private(
         dense_model(), optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0), loss=CE
     )
-    generator_data = fdp_tf.poisson_batches(x, y, expected_batch_size=8, seed=0).map(lambda a, b: (a, b))
-    with pytest.warns(fdp_tf.SamplingWarning), pytest.raises(ValueError, match="sampling_rate"):
-        private.fit(generator_data, epochs=1, verbose=0, callbacks=[fdp_tf.PrivacyCallback(delta=DELTA)])
+    source = fdp_tf.poisson_batches(x, y, expected_batch_size=8, seed=0)
+    mapped = source.map(lambda a, b: (a, b))
+    with pytest.raises(ValueError, match="sampling=fdp_tf.PoissonSampling"):
+        private.fit(mapped, epochs=1, verbose=0)
+    assert private.optimizer.steps == 0
+    history = private.fit(mapped, epochs=1, verbose=0, sampling=fdp_tf.poisson_sampling_of(source),
+                          callbacks=[fdp_tf.PrivacyCallback(delta=DELTA)])
+    assert private.optimizer.expected_batch_size == 8
+    expected = _reference_epsilon(fdp.Gaussian(noise_multiplier=1.0, sampling_rate=0.25), 4)
+    assert history.history["epsilon"] == [expected]
     with pytest.raises(ValueError, match="delta"):
         fdp_tf.PrivacyCallback(delta=1.0)
-    with pytest.raises(ValueError, match="sampling_rate"):
-        fdp_tf.PrivacyCallback(delta=DELTA, sampling_rate=0.0)
+    with pytest.raises(ValueError, match="ledger"):
+        fdp_tf.PrivacyCallback(delta=DELTA, sampling_rate=0.1)
 
 
-def test_a_later_fit_at_a_smaller_rate_does_not_lower_the_charged_rate() -> None:
-    """Steps taken at B/N = 0.25 stay charged at 0.25 when a later fit uses 0.0625."""
+def test_ledger_composes_phases_at_their_own_rates() -> None:
+    """Two fits at B/N = 0.25 then 0.0625: epsilon is the heterogeneous composition of
+    both phases, exactly (it used to charge everything at the largest rate)."""
     x, y = dense_data(n=64)
     model = fdp_tf.make_private(
         dense_model(), optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0),
@@ -136,7 +147,15 @@ def test_a_later_fit_at_a_smaller_rate_does_not_lower_the_charged_rate() -> None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fdp_tf.SamplingWarning)
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
-        assert model.sampling_rate == 0.25
-        with pytest.warns(UserWarning, match="larger rate 0.25"):
-            model.fit(x, y, batch_size=4, epochs=1, verbose=0)
-    assert model.sampling_rate == 0.25
+        with pytest.raises(ValueError, match="expected_batch_size"):
+            model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # optimizer's B = 16 > 4
+        model.optimizer.expected_batch_size = 4
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    first = fdp.Gaussian(noise_multiplier=1.0, sampling_rate=0.25)
+    second = fdp.Gaussian(noise_multiplier=1.0, sampling_rate=0.0625)
+    assert model.ledger.segments == (
+        fdp_tf.Segment("gaussian", 1.0, 0, 0.25, 4), fdp_tf.Segment("gaussian", 1.0, 0, 0.0625, 16)
+    )
+    expected = fdp.PLDAccountant().compose(first, steps=4).compose(second, steps=16).get_epsilon(delta=DELTA)
+    assert model.epsilon(DELTA) == expected
+    assert model.epsilon(DELTA) > _reference_epsilon(first, 4)

@@ -79,7 +79,7 @@ def test_fit_takes_expected_batch_size_and_rate_from_the_dataset() -> None:
         warnings.simplefilter("error", fdp_tf.SamplingWarning)
         model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=16, seed=0), epochs=1, verbose=0)
     assert optimizer.expected_batch_size == 16
-    assert model.sampling_rate == 0.25
+    assert model.ledger.segments[-1].sampling_rate == 0.25
     with pytest.raises(ValueError, match="expected_batch_size"):
         model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=8, seed=0), epochs=1, verbose=0)
 
@@ -95,7 +95,20 @@ def test_fixed_size_batches_warn_once() -> None:
     sampling = [w for w in caught if issubclass(w.category, fdp_tf.SamplingWarning)]
     assert len(sampling) == 1
     assert "Poisson" in str(sampling[0].message)
-    assert model.sampling_rate == 0.25 and optimizer.expected_batch_size == 16
+    assert model.ledger.segments[-1].sampling_rate == 0.25 and optimizer.expected_batch_size == 16
+    assert model.ledger.segments[-1].steps == 8
+
+
+def test_validation_split_rate_counts_only_training_rows() -> None:
+    """validation_split=0.5 leaves 32 of 64 rows: p = 16/32, not 16/64 (it was 0.05 for 0.1)."""
+    x, y = dense_data(n=64)
+    model = fdp_tf.make_private(
+        dense_model(), optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0), loss=CE
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fdp_tf.SamplingWarning)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, validation_split=0.5)
+    assert model.ledger.segments == (fdp_tf.Segment("gaussian", 1.0, 0, 0.5, 2),)
 
 
 def test_non_private_optimizer_does_not_warn() -> None:

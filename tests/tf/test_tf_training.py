@@ -84,8 +84,8 @@ def test_auto_strategy_per_model() -> None:
     jl1 = fdp_tf.DPAdamJL(jl_projections=1, **DP)
     jl5 = fdp_tf.DPAdamJL(jl_projections=5, **DP)
     vanilla = fdp_tf.DPAdamVanilla(**DP)
-    assert jl1.resolve_jvp_method(dense_model()) == "forward"
-    assert jl1.resolve_jvp_method(gru_model(unroll=True)) == "forward"
+    assert jl1.resolve_jvp_method(dense_model()) == "auto"  # forward mode, double vjp at a loop
+    assert jl1.resolve_jvp_method(gru_model(unroll=True)) == "auto"
     assert jl1.resolve_jvp_method(bilstm_model()) == "double_vjp"
     assert jl5.resolve_jvp_method(dense_model()) == "double_vjp"
     assert vanilla.resolve_per_example_method(dense_model()) == "layerwise"
@@ -152,6 +152,9 @@ def test_custom_training_loop_uses_public_gradient_path() -> None:
         out = model(x, training=True)
         return fdp_tf.ForwardPass(CE(y, out), None, out)
 
+    with pytest.raises(ValueError, match="expected_batch_size is None"):
+        optimizer.compute_private_gradients(forward, model.trainable_variables)
+    optimizer.expected_batch_size = 32
     result = optimizer.compute_private_gradients(forward, model.trainable_variables)
     optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
     assert optimizer.steps == 1

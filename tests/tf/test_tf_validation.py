@@ -143,7 +143,7 @@ def test_apply_refuses_gradients_not_from_the_private_path() -> None:
     x, y = dense_data(n=8)
     model = dense_model()
     variables = model.trainable_variables
-    optimizer = fdp_tf.DPSGDVanilla(**GOOD)
+    optimizer = fdp_tf.DPSGDVanilla(**GOOD, expected_batch_size=8)
     zeros = [tf.zeros_like(v) for v in variables]
     with pytest.raises(RuntimeError, match="compute_private_gradients"):
         optimizer.apply_gradients(zip(zeros, variables))

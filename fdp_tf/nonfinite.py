@@ -1,0 +1,58 @@
+"""Examples with a non-finite loss: dropped, never allowed to poison the update."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+
+from fdp_tf.forward import PrivateGradient
+
+__all__ = ["without_nonfinite_examples"]
+
+
+def without_nonfinite_examples(
+    result: PrivateGradient, rerun: Callable[[tf.Tensor], PrivateGradient]
+) -> PrivateGradient:
+    """Run the step on the examples with a finite loss only.
+
+    Backpropagation mixes rows (a weight's gradient is x^T delta over the batch), so
+    one example with non-finite activations turns every per-example gradient, JL
+    projection and the clipped sum into 0 * inf = NaN, even with its c_i = 0. When
+    some loss is not finite, the whole private step is run afresh (new directions,
+    noise and dropout) on the rows with a finite loss. Either way the released
+    gradient is a fresh private step of the sub-batch of finite-loss rows, and a
+    row's membership depends on that row alone, so this is a per-example clipping to
+    0. Rows whose loss is finite but whose norm overflows get c_i = 0 inside the step.
+    The retry is decided by the losses only, never by the released result (that
+    would be a data-dependent rejection of noise draws).
+
+    Args:
+      result: the private step on the whole batch.
+      rerun: runs the whole private step afresh on the rows where a mask is true.
+
+    Raises:
+      tf.errors.InvalidArgumentError: at run time, if the update is still not finite
+        (the model overflows on finite inputs): training stops rather than release it.
+    """
+    losses = result.forward.per_example_losses
+    keep = tf.math.is_finite(losses)
+    finite = tf.reduce_all(keep)
+
+    def first() -> tuple[list[tf.Tensor], tf.Tensor]:
+        return list(result.gradients), tf.cast(result.dropped, tf.int32)
+
+    def again() -> tuple[list[tf.Tensor], tf.Tensor]:
+        retry = rerun(keep)
+        return list(retry.gradients), tf.cast(retry.dropped, tf.int32) + tf.reduce_sum(
+            tf.cast(tf.logical_not(keep), tf.int32))
+
+    if tf.executing_eagerly():
+        grads, dropped = first() if bool(finite) else again()
+    else:
+        grads, dropped = tf.cond(finite, first, again)
+    for g in grads:
+        tf.debugging.assert_all_finite(
+            g, "the private gradient is not finite even without the examples whose loss "
+               "is not finite: the model overflows on finite inputs; scale the inputs")
+    return PrivateGradient(grads, result.forward, result.norms, result.clip_factors, dropped)
