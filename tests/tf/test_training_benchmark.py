@@ -15,7 +15,8 @@ pytest.importorskip("keras", minversion="3.0")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "training.py"
 OPTIMIZERS = ("non-DP Adam", "DPAdamJL r=1", "DPAdamJL r=2", "DPAdamVanilla (exact)")
-METHODS = {"jl1": "auto", "jl2": "auto", "vanilla": "layerwise", "vanilla_loop": "loop"}
+METHODS = {"jl1": "auto", "jl2": "auto", "vanilla": "layerwise", "vanilla_loop": "loop",
+           "jl1+unchecked": "auto", "vanilla+unchecked": "layerwise"}
 
 
 def _run(tmp_path: Path, *extra: str) -> tuple[str, dict]:
@@ -33,7 +34,7 @@ def _check(stdout: str, results: dict, models: list[str]) -> None:
     assert list(results["results"]) == models
     for model in models:
         rows = results["results"][model]
-        expected = ["adam", "jl1", "jl2", "vanilla", "vanilla_loop"]
+        expected = ["adam", "jl1", "jl2", "vanilla", "vanilla_loop", "jl1+unchecked", "vanilla+unchecked"]
         assert list(rows) == expected
         for row in rows.values():
             assert "error" not in row, row
@@ -44,6 +45,8 @@ def _check(stdout: str, results: dict, models: list[str]) -> None:
     for label in OPTIMIZERS:
         assert f"| {label} |" in stdout
     assert "tensorflow_privacy:" in stdout
+    # the cost of the run-time privacy checks, as a ratio within the run
+    assert "checks cost, DPAdamJL r=1:" in stdout and "checks cost, DPAdamVanilla (exact):" in stdout
 
 
 def test_quick_benchmark_mnist(tmp_path: Path) -> None:
