@@ -27,7 +27,8 @@ import numpy as np
 
 import fdp
 from fdp._progress import Progress
-from fdp.accountant import _tail_budget, capped_optimistic_plds
+from fdp.pld.capped import capped_optimistic_plds
+from fdp.pld.queries import tail_budget as _tail_budget
 from fdp.pld.cells import Direction
 from fdp.pld.compose import compose
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic

@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from fdp._validation import check_delta, check_integer, check_real
+import numpy as np
+
+from fdp._validation import check_integer, check_real
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict
 from fdp.pld.cells import Direction, Grid
-from fdp.pld.compose import MAX_FFT_POINTS, compose
+from fdp.pld.capped import capped_lower_epsilon
+from fdp.pld.compose import MAX_FFT_POINTS, compose, saddle_tilt
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
 from fdp.pld.pmf import DiscretePLD
+from fdp.pld.queries import check_certifiable_delta, reported, round_off_matters, tail_budget
 
 __all__ = ["PLDAccountant"]
 
@@ -43,10 +46,8 @@ MAX_STEPS = 10**11
 _COARSE_POINTS = 2000
 #: Largest single-step grid.
 _MAX_STEP_POINTS = 1 << 22
-#: Cells of a single-step optimistic grid cut at a cap (heavy-tail lower bound).
-_CAP_POINTS = 1 << 20
-#: Successive caps of :meth:`PLDAccountant._capped_lower` grow by this factor.
-_CAP_GROWTH = 1000.0
+#: Tilted passes of get_epsilon_bounds at most (each re-aimed at the eps found).
+_TILT_PASSES = 2
 
 
 @dataclass(frozen=True)
@@ -147,13 +148,38 @@ class PLDAccountant:
         for ``fdp.JL`` with r = 1), the lower bound is recomputed on grids cut at a
         cap (:meth:`_capped_lower`). Every value computed is a valid bound,
         whatever its level.
+
+        The FFT's float round-off has a proven bound (:mod:`fdp.pld.roundoff`). Where
+        it is not small against delta (delta below ~1e-9), the FFTs are redone on
+        exponentially tilted PLDs aimed at the eps found (:func:`fdp.pld.compose.compose`),
+        which makes the round-off relative to delta: certified down to delta = 1e-290.
+
+        Raises:
+          ValueError: delta outside [1e-290, 1).
         """
-        delta = check_delta(delta)
+        delta = check_certifiable_delta(delta)
         self._require_events()
-        tail = _tail_budget(delta)
+        tail = tail_budget(delta)
+        rtol = max([self.epsilon_rtol] + [m.intrinsic_rtol for m, _ in self._grouped()])
+        lo, hi, d, sides, his = self._epsilon_pass(delta, tail, rtol, {})
+        for _ in range(_TILT_PASSES):
+            if not round_off_matters(sides, delta, rtol, lo, hi):
+                break
+            # tilt each direction's FFT towards its eps found (or a Chernoff bound on it)
+            tilts = {k: self._tilt(k, his[k] if math.isfinite(his[k]) else
+                                   self._chernoff_epsilon(k, delta, tail), tail) for k in his}
+            lo2, hi2, d, sides, his = self._epsilon_pass(delta, tail, rtol, tilts)
+            lo, hi = max(lo, lo2), min(hi, hi2)  # every pass gives valid bounds
+        if self.grid_spacing is None and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
+            lo = max(lo, self._capped_lower(d, delta, tail, lo, hi))
+        return reported(lo, hi, delta, rtol)
+
+    def _epsilon_pass(self, delta: float, tail: float, rtol: float, tilts: dict) -> tuple:
+        """One refinement loop of :meth:`get_epsilon_bounds` with FFTs tilted by ``tilts``.
+
+        Returns (lower, upper, leading direction, the sides used, each direction's upper)."""
         refine = self.grid_spacing is None
         directions = self._directions()
-        rtol = max([self.epsilon_rtol] + [m.intrinsic_rtol for m, _ in self._grouped()])
         inexact = rtol > self.epsilon_rtol
         # remove first (it leads for eps >= 0 in the usual cases); the other
         # direction is screened on a 4x coarser grid
@@ -161,8 +187,11 @@ class PLDAccountant:
                  for s in (True, False)}
         stalled: set[tuple[Direction, bool]] = set()
 
+        def side(d: Direction, pessimistic: bool) -> DiscretePLD:
+            return self._side(d, pessimistic, tail, level[(d, pessimistic)], tilts.get(d, 0.0))
+
         def value(d: Direction, pessimistic: bool) -> float:
-            return self._side(d, pessimistic, tail, level[(d, pessimistic)]).epsilon(delta)
+            return side(d, pessimistic).epsilon(delta)
 
         while True:
             his = {d: value(d, True) for d in directions}
@@ -171,8 +200,6 @@ class PLDAccountant:
             hi, lo = max(his.values()), max(los.values())
             gap = hi - lo
             d = max(his, key=his.get)
-            if hi == math.inf:
-                self._refuse_below_round_off(delta, tail, {k: v for k, v in level.items() if k[1]})
             if level[(d, True)] < 0:  # screened only: compute the leading direction properly
                 level[(d, True)] = level[(d, False)] = 0
                 continue
@@ -180,47 +207,28 @@ class PLDAccountant:
                 break
             if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), gap, inexact):
                 break
-        if refine and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
-            lo = max(lo, self._capped_lower(d, delta, tail, lo, hi))
-        return _reported(lo, hi, delta, rtol)
+        return lo, hi, d, [side(k, s) for k in directions for s in (True, False) if level[(k, s)] >= 0], his
+
+    def _tilt(self, direction: Direction, epsilon: float, tail: float) -> float:
+        """Saddle-point tilt for ``epsilon`` of one direction's composition (level 0 grid)."""
+        return saddle_tilt(self._parts(direction, True, tail, 0), epsilon)
+
+    def _chernoff_epsilon(self, direction: Direction, delta: float, tail: float) -> float:
+        """An eps with P(L_T > eps) <= delta by Chernoff (an upper bound on the answer)."""
+        parts = self._parts(direction, True, tail, 0)
+        var = sum(c * pld.variance() for pld, c in parts)
+        lam = np.logspace(-4, 4, 161) / max(math.sqrt(var), 1e-12)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            eps = (sum(c * pld.log_mgf(lam) for pld, c in parts) - math.log(delta)) / lam
+        eps = eps[np.isfinite(eps)]
+        return float(eps.min()) if eps.size else math.inf
 
     def _capped_lower(self, direction: Direction, delta: float, tail_mass: float,
                       lower: float, upper: float) -> float:
-        """A lower bound on epsilon from optimistic grids cut at growing caps.
-
-        A heavy upper tail (fdp.JL with r = 1: P(L > l) ~ l^(-1/2)) stretches the
-        automatic grid to losses ~1e15, so h is huge and rounding every step down by
-        up to h (T h in all) swamps the lower bound. For a LOWER bound the range may
-        be cut anywhere: the mass above a cap c is put at c (``p_right`` on the top
-        point), which only lowers losses, so delta(eps) of the composition only
-        decreases (monotone in each loss, by coupling). On [l_0, c] with
-        2^20 cells the spacing is h = (c - l_0) / 2^20 and the rounding costs at most
-        T h; the FFT window may be cut too, since mass above it wraps to smaller
-        losses (:mod:`fdp.pld.compose`). Caps start at 10 * max(lower, 10) and grow
-        1000x until the bound found is below c / 10 (the cap no longer limits it),
-        the cap passes 4 * upper, or the grid would not be cut any more. Every value
-        found is a valid lower bound; the largest is returned.
-        """
-        events = self._grouped()
-        steps = sum(c for _, c in events)
-        top = max(m.loss_range(direction, max(tail_mass / steps, 1e-300))[1] for m, _ in events)
-        best = lower
-        cap = 10.0 * max(lower, 10.0)
-        while cap < top:
-            if math.isfinite(upper):
-                cap = min(cap, 4.0 * upper)
-            key = ("capped", direction, tail_mass, cap)
-            if key not in self._cache:
-                plds = capped_optimistic_plds([m for m, _ in events], direction, tail_mass / steps, cap)
-                self._cache[key] = compose([(pld, c) for pld, (_, c) in zip(plds, events)],
-                                           pessimistic=False, tail_mass=tail_mass,
-                                           max_points=self.max_points)
-            found = self._cache[key].epsilon(delta)
-            best = max(best, found)
-            if found < 0.1 * cap or (math.isfinite(upper) and cap >= 4.0 * upper):
-                break
-            cap *= _CAP_GROWTH
-        return best
+        """A lower bound on epsilon from optimistic grids cut at growing caps
+        (:func:`fdp.pld.capped.capped_lower_epsilon`), cached per cap."""
+        return capped_lower_epsilon(self._grouped(), direction, delta, tail_mass, lower, upper,
+                                    self.max_points, self._cache)
 
     def get_delta(self, epsilon: float) -> float:
         """Certified upper bound on delta at ``epsilon``."""
@@ -235,34 +243,50 @@ class PLDAccountant:
         curve must come down to the lower bound ``lo`` within
         ``epsilon_rtol * max(epsilon, 1)`` of ``epsilon`` (a relative gap on delta
         itself would ask far more where delta(eps) is steep). The tolerance is the
-        mechanisms' ``intrinsic_rtol`` if larger. Every value is a valid bound.
+        mechanisms' ``intrinsic_rtol`` if larger. Every value is a valid bound. Where
+        the FFT round-off is not small against delta, the FFTs are redone tilted
+        towards ``epsilon`` (as in :meth:`get_epsilon_bounds`).
         """
         epsilon = check_real("epsilon", epsilon, low=0.0)
         self._require_events()
-        tail = 1e-15
+        rtol = max([self.epsilon_rtol] + [m.intrinsic_rtol for m, _ in self._grouped()])
+        lo, hi, sides = self._delta_pass(epsilon, rtol, {}, 1e-15)
+        if round_off_matters(sides, max(lo, 1e-300), rtol, epsilon, epsilon):
+            # the round-off (or the tails) are not small against delta: tilt the FFTs
+            # towards epsilon, with tails cut in proportion to delta
+            tail = min(1e-15, tail_budget(lo if lo > 0.0 else 1e-300))
+            tilts = {k: self._tilt(k, epsilon, tail) for k in self._directions()}
+            lo2, hi2, _ = self._delta_pass(epsilon, rtol, tilts, tail)
+            lo, hi = max(lo, lo2), min(hi, hi2)  # both passes give valid bounds
+        return lo, hi
+
+    def _delta_pass(self, epsilon: float, rtol: float, tilts: dict, tail: float) -> tuple:
+        """One refinement loop of :meth:`get_delta_bounds`: (lower, upper, the sides used)."""
         refine = self.grid_spacing is None
         directions = self._directions()
-        rtol = max([self.epsilon_rtol] + [m.intrinsic_rtol for m, _ in self._grouped()])
         inexact = rtol > self.epsilon_rtol
         level = {(d, s): 0 for d in directions for s in (True, False)}
         stalled: set[tuple[Direction, bool]] = set()
 
+        def side(d: Direction, pessimistic: bool) -> DiscretePLD:
+            return self._side(d, pessimistic, tail, level[(d, pessimistic)], tilts.get(d, 0.0))
+
         def value(d: Direction, pessimistic: bool) -> float:
-            return float(self._side(d, pessimistic, tail, level[(d, pessimistic)]).delta(epsilon))
+            return float(side(d, pessimistic).delta(epsilon))
 
         while True:
             his = {d: value(d, True) for d in directions}
             los = {d: value(d, False) for d in directions}
             hi, lo = max(his.values()), max(los.values())
             d = max(his, key=his.get)
+            sides = [side(k, s) for k in directions for s in (True, False)]
             if not refine or hi <= lo or lo >= 1.0:
-                return lo, hi
-            upper = self._side(d, True, tail, level[(d, True)])
-            reach = upper.epsilon(lo) if lo > 0.0 else math.inf  # where the upper curve is down to lo
+                return lo, hi, sides
+            reach = side(d, True).epsilon(lo) if lo > 0.0 else math.inf  # where the upper curve is down to lo
             if reach - epsilon <= rtol * max(epsilon, 1.0):
-                return lo, hi
+                return lo, hi, sides
             if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), hi - lo, inexact):
-                return lo, hi
+                return lo, hi, sides
 
     def _refine_one_side(self, d: Direction, level: dict, stalled: set, value: Any,
                          before: tuple[float, float], gap: float, inexact: bool) -> bool:
@@ -343,25 +367,23 @@ class PLDAccountant:
         if not self._events:
             raise ValueError("the accountant is empty: call compose(mechanism, steps) first")
 
-    def _refuse_below_round_off(self, delta: float, tail: float, levels: dict) -> None:
-        """ValueError when float round-off of the FFT alone reaches ``delta``."""
-        noise = max(self._side(d, True, tail, lv).round_off for (d, _), lv in levels.items())
-        if noise >= 0.5 * delta:
-            raise ValueError(
-                f"delta={delta:.3g} is below what float64 FFT composition can certify here: its "
-                f"round-off alone is ~{noise:.1e}; ask for delta >= {10 * noise:.0e}"
-            )
+    def _parts(self, direction: Direction, pessimistic: bool, tail_mass: float, level: int) -> list:
+        """(single-step discrete PLD, count) of each mechanism on the level's grid (not
+        cached: the cells are, and a discretisation of them is cheap)."""
+        plan = self._plan(direction, tail_mass, level)
+        discretise = discretise_pessimistic if pessimistic else discretise_optimistic
+        return [(discretise(self._cells(m, direction, grid, pessimistic)), c)
+                for (m, c), grid in zip(self._grouped(), plan.grids)]
 
-    def _side(self, direction: Direction, pessimistic: bool, tail_mass: float, level: int = 0) -> DiscretePLD:
-        """Composed pessimistic or optimistic PLD of one direction; ``level`` halves h."""
-        key = ("side", direction, pessimistic, tail_mass, level)
+    def _side(self, direction: Direction, pessimistic: bool, tail_mass: float, level: int = 0,
+              tilt: float = 0.0) -> DiscretePLD:
+        """Composed pessimistic or optimistic PLD of one direction; ``level`` halves h,
+        ``tilt`` tilts the FFT (:func:`fdp.pld.compose.compose`)."""
+        key = ("side", direction, pessimistic, tail_mass, level, tilt)
         if key not in self._cache:
-            plan = self._plan(direction, tail_mass, level)
-            discretise = discretise_pessimistic if pessimistic else discretise_optimistic
-            parts = [(discretise(self._cells(m, direction, grid, pessimistic)), c)
-                     for (m, c), grid in zip(self._grouped(), plan.grids)]
+            parts = self._parts(direction, pessimistic, tail_mass, level)
             self._cache[key] = compose(parts, pessimistic=pessimistic, tail_mass=tail_mass,
-                                       max_points=self.max_points)
+                                       max_points=self.max_points, tilt=tilt)
         return self._cache[key]
 
     def _cells(self, mechanism: Mechanism, direction: Direction, grid: Grid, pessimistic: bool):
@@ -411,40 +433,3 @@ class PLDAccountant:
             # mass above the grid goes to +inf in the pessimistic cells (sound, looser)
             grids.append(Grid.covering(lo, min(hi, lo + h * _MAX_STEP_POINTS), h))
         return _Plan(h=h, tail_mass=tail_mass, grids=tuple(grids))
-
-
-def capped_optimistic_plds(mechanisms: list[Mechanism], direction: Direction, step_tail: float,
-                           cap: float) -> list[DiscretePLD]:
-    """Optimistic single-step PLDs on one grid cut at the loss ``cap`` (2^20 cells).
-
-    The mass above ``cap`` sits on the top grid point: losses only decrease, so
-    every composition of these PLDs has delta(eps) <= the truth (a lower bound).
-    """
-    ranges = [m.loss_range(direction, max(step_tail, 1e-300)) for m in mechanisms]
-    bottom = min(lo for lo, _ in ranges)
-    h = (cap - bottom) / _CAP_POINTS
-    return [discretise_optimistic(m.loss_cells(direction, Grid.covering(lo, min(hi, cap), h), pessimistic=False))
-            for m, (lo, hi) in zip(mechanisms, ranges)]
-
-
-def _reported(lo: float, hi: float, delta: float, rtol: float) -> tuple[float, float]:
-    """(lo, hi), with a warning when the bounds are not as tight as asked."""
-    if hi == math.inf:
-        warnings.warn(
-            f"the certified upper bound on epsilon at delta={delta:.3g} is inf: the composed "
-            f"privacy loss is +inf (or beyond the grid) with probability >= delta. Heavy-tailed "
-            f"mechanisms (e.g. fdp.JL with few jl_projections) do this; lower bound: {lo:.6g}",
-            stacklevel=3,
-        )
-    elif hi - lo > rtol * hi:
-        warnings.warn(
-            f"epsilon bounds [{lo:.6g}, {hi:.6g}] are wider than the relative tolerance {rtol:g}; "
-            f"pass a smaller grid_spacing, or raise max_points / max_refinements",
-            stacklevel=3,
-        )
-    return lo, hi
-
-
-def _tail_budget(delta: float) -> float:
-    """Mass each FFT tail may hold: 1e-4 of delta (it moves epsilon by ~1e-4 / |d log delta / d eps|)."""
-    return max(1e-4 * delta, 1e-300)

@@ -142,8 +142,10 @@ def check_tradeoff(ns, out, block, tmp_path):
     g, clt, acc = ns["g"], ns["clt"], ns["acc"]
     assert isinstance(g, fdp.PiecewiseLinearCurve)
     assert f"{float(g(0.05)):.4f} (CLT: {float(clt(0.05)):.4f})" in out
-    # duality: the curve's delta is the accountant's delta (same pessimistic PLDs)
-    assert float(g.delta(2.0)) == pytest.approx(acc.get_delta(2.0), rel=1e-6)
+    # duality: the curve's delta is the accountant's delta (same pessimistic PLDs, up to
+    # the tilted pass get_delta adds where the FFT round-off matters), and above its lower bound
+    assert float(g.delta(2.0)) == pytest.approx(acc.get_delta(2.0), rel=1e-4)
+    assert float(g.delta(2.0)) >= acc.get_delta_bounds(2.0)[0]
     # g lies below the true curve, so its epsilon is an upper bound too
     assert float(g.epsilon(1e-5)) >= ns["lo"]
     assert (tmp_path / "accountant_tradeoff.png").stat().st_size > 1000

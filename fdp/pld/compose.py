@@ -20,23 +20,27 @@ the window at true loss l lands at l - m N h < l (m >= 1) or in the discarded
 padding, and delta(eps) = sum_l (1 - e^(eps - l))_+ P(l) is non-decreasing in
 every l, so that mass can only lower delta; mass below the window lands higher,
 which could raise it. This keeps the lower bound useful when a heavy upper tail
-forces the window to be cut (``max_points``). Float round-off of the FFT is
-estimated from the negative entries it produces and charged to both sides the
-same way. The window is chosen so that (2) is below ``tail_mass``.
+forces the window to be cut (``max_points``). Float round-off of the FFT has a
+proven bound (:mod:`fdp.pld.roundoff`), charged to both sides the same way, and
+exponential tilting (``tilt``) makes it relative to delta where delta is tiny.
+The window is chosen so that (2) is below ``tail_mass``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 import numpy as np
 import scipy.fft
+import scipy.special
 
 from fdp._kernels.power import complex_power
 from fdp.pld.pmf import DiscretePLD
+from fdp.pld.roundoff import U, composition_l2_error, delta_error_weight, spectrum_error_terms
 
-__all__ = ["compose", "composed_window", "MAX_FFT_POINTS"]
+__all__ = ["compose", "composed_window", "saddle_tilt", "MAX_FFT_POINTS"]
 
 #: Largest FFT the accountant allocates (2^23 points: ~64 MiB per real array).
 MAX_FFT_POINTS = 1 << 23
@@ -62,6 +66,28 @@ def _best_chernoff(components, lam: np.ndarray, log_tau: float, upper: bool) -> 
     t = np.where(np.isfinite(t), t, np.inf if upper else -np.inf)
     i = int(np.argmin(t) if upper else np.argmax(t))
     return float(t[i]), float(lam[i]), float(k[i])
+
+
+def saddle_tilt(components: Sequence[tuple[DiscretePLD, int]], epsilon: float) -> float:
+    """The tilt theta > 0 that minimises the Chernoff bound sum_c T_c K_c(theta) - theta eps.
+
+    At that theta the tilted composed law has its mean at eps (the saddle point), so
+    the entries that decide delta(eps) are the bulk of the tilted FFT. Returns 0 when
+    eps is not above the mean of the composed loss (no tilt needed there).
+    """
+    var = sum(c * pld.variance() for pld, c in components)
+    mean = sum(c * pld.mean() for pld, c in components)
+    if not epsilon > mean or var <= 0.0:
+        return 0.0
+    scale = math.sqrt(var)
+    lam = np.logspace(-4, 4, 161) / scale
+    for _ in range(2):  # coarse, then fine around the best
+        with np.errstate(invalid="ignore", over="ignore"):
+            excess = _log_mgf_sum(components, lam) - lam * epsilon
+        excess = np.where(np.isfinite(excess), excess, np.inf)
+        best = float(lam[int(np.argmin(excess))])
+        lam = best * np.logspace(-0.06, 0.06, 25)
+    return best
 
 
 def composed_window(
@@ -112,8 +138,18 @@ def compose(
     pessimistic: bool,
     tail_mass: float = 1e-15,
     max_points: int = MAX_FFT_POINTS,
+    tilt: float = 0.0,
 ) -> DiscretePLD:
     """Compose ``count`` copies of each PLD; all must share the grid spacing h.
+
+    With ``tilt`` = theta > 0 the FFT runs on the exponentially tilted vectors
+    q_c(l) = p_c(l) e^{theta l - K_c}, K_c = log sum_l p_c(l) e^{theta l}, whose
+    composition is the tilted composition (e^{theta (l_1 + l_2)} = e^{theta l_1}
+    e^{theta l_2}); it is untilted afterwards, p_T(s) = q_T(s) e^{L - theta s},
+    L = sum_c T_c K_c. Choosing theta so that the tilted law is centred near the eps
+    of a query makes the entries that decide delta(eps) O(1) in the FFT, so its
+    round-off (absolute, ~ u * max entry) becomes relative to delta: certified
+    answers at any delta (docs/accountant.md, "Round-off").
 
     Args:
       components: (pld, count) pairs, count >= 1.
@@ -121,6 +157,11 @@ def compose(
         bound (True) or a lower bound (False) of the exact composition of the inputs.
       tail_mass: target Chernoff bound on each tail outside the FFT window.
       max_points: refuse (ValueError) windows that need a larger FFT.
+      tilt: theta >= 0 (0: no tilting).
+
+    Returns:
+      A :class:`DiscretePLD` with ``bound`` = +1 (pessimistic) or -1, whose
+      ``delta``/``epsilon`` include every charge (wrap-around, proven round-off).
     """
     components = [(pld, int(c)) for pld, c in components if int(c) > 0]
     if not components:
@@ -128,14 +169,20 @@ def compose(
     h = components[0][0].h
     if any(not math.isclose(pld.h, h, rel_tol=1e-12) for pld, _ in components):
         raise ValueError("all PLDs must be discretised with the same grid spacing h")
+    side = 1 if pessimistic else -1
+    if len(components) == 1 and components[0][1] == 1:
+        return _single_step(components[0][0], side)  # no FFT, no round-off
 
     # (1): infinity masses, in log space so that 10^12 steps stay exact
     log_keep = sum(c * math.log1p(-min(pld.p_inf, 1.0)) if pld.p_inf < 1.0 else -math.inf
                    for pld, c in components)
     p_inf = -math.expm1(log_keep) if log_keep > -math.inf else 1.0
     shift = sum(c * pld.delta_shift for pld, c in components)
+    steps = sum(c for _, c in components)
 
-    t_lo, t_hi, bound_lo, bound_hi = composed_window(components, tail_mass, max_points)
+    inputs, log_scale, kappa = _tilted_inputs(components, tilt)
+    tail = tail_mass if tilt == 0.0 else _TILTED_TAIL
+    t_lo, t_hi, bound_lo, bound_hi = composed_window(inputs, tail, max_points)
     w0 = math.floor(t_lo / h + 1e-9)
     w1 = math.ceil(t_hi / h - 1e-9)
     needed = w1 - w0 + 1
@@ -148,30 +195,98 @@ def compose(
 
     spectrum = None
     base = 0
-    for pld, count in components:
-        f = scipy.fft.rfft(pld.pmf, n=n_fft) if pld.pmf.size <= n_fft else scipy.fft.rfft(_fold(pld.pmf, n_fft))
+    ratio_sum, log_product = 0.0, 0.0
+    for q, count in inputs:
+        vector = q.pmf if q.pmf.size <= n_fft else _fold(q.pmf, n_fft)
+        kappa = max(kappa, (math.ceil(q.pmf.size / n_fft) - 1) * U * 2)  # folding sums
+        f = scipy.fft.rfft(vector, n=n_fft)
+        ratio, log_m = spectrum_error_terms(np.abs(f), float(vector.sum()) * (1 + vector.size * U), count, n_fft)
+        ratio_sum, log_product = ratio_sum + ratio, log_product + log_m
+        del ratio, log_m
         if count > 1:
             f = complex_power(f, count)  # repeated squaring, in place
         spectrum = f if spectrum is None else np.multiply(spectrum, f, out=spectrum)
-        base += count * pld.offset
+        base += count * q.offset
     full = scipy.fft.irfft(spectrum, n=n_fft)
     start = (w0 - base) % n_fft  # the window starts there (circularly)
     out = full[start:start + needed]
     if out.size < needed:
         out = np.concatenate([out, full[: needed - out.size]])
 
-    # round-off: the exact result is >= 0, so negative entries measure the FFT error
-    lowest, highest = float(out.min()), float(out.max())
-    noise = max(0.0, -lowest, 4.0 * np.finfo(float).eps * max(highest, -lowest))
-    out = np.maximum(out, 0.0)  # a compact copy (the FFT buffer is released)
-    round_off = noise * needed
-    if pessimistic:
-        charge = bound_lo + bound_hi + round_off
-        return DiscretePLD(h=h, offset=w0, pmf=out, p_inf=min(1.0, p_inf + charge), delta_shift=shift,
-                           round_off=round_off)
-    # upper-tail mass wraps to smaller losses (or is dropped): it only lowers delta
-    charge = bound_lo + round_off
-    return DiscretePLD(h=h, offset=w0, pmf=out, p_inf=p_inf, delta_shift=shift - charge, round_off=round_off)
+    # proven l2 error of the computed window (roundoff.py), then entries clipped to
+    # [0, 1] (the exact ones lie there, so clipping never moves an entry away)
+    l2_error = composition_l2_error(ratio_sum, log_product, steps, len(components), n_fft,
+                                    float(np.linalg.norm(full)) * (1 + 4 * U * math.sqrt(n_fft)))
+    del full, spectrum
+    rel_in = math.expm1(steps * (math.log1p(kappa) - math.log1p(-kappa))) if kappa > 0 else 0.0
+    common = dict(h=h, offset=w0, p_inf=p_inf, bound=side,
+                  loss_error=_loss_error(w0, needed, h))
+    if tilt == 0.0:
+        out = np.clip(out, 0.0, 1.0)
+        round_off = l2_error * delta_error_weight(0.0, h, needed)
+        rel = rel_in + _sum_error(needed)
+        if pessimistic:
+            charge = bound_lo + bound_hi + round_off
+            return DiscretePLD(pmf=out, **{**common, "p_inf": min(1.0, p_inf + charge)},
+                               delta_shift=shift, round_off=round_off, rel_error=rel)
+        # upper-tail mass wraps to smaller losses (or is dropped): it only lowers delta
+        return DiscretePLD(pmf=out, delta_shift=shift - bound_lo - round_off, round_off=round_off,
+                           rel_error=rel, **common)
+
+    # untilt in log space: p_T(s) = q_T(s) e^{L - theta s}, clipped to [0, 1]
+    losses = (w0 + np.arange(needed, dtype=np.float64)) * h
+    with np.errstate(divide="ignore"):
+        log_p = np.log(np.maximum(out, 0.0)) + (log_scale - tilt * losses)
+    out = np.exp(np.minimum(log_p, 0.0))
+    top = float(np.max(np.abs(losses[[0, -1]])))
+    # exp's argument is computed with error <= 4u (|L| + theta |s|) (+ theta * loss_error)
+    rel_untilt = math.expm1(4 * U * (abs(log_scale) + 2 * tilt * top + 1))
+    rel = (1 + rel_in) * (1 + rel_untilt) * (1 + _sum_error(needed)) - 1
+    weight = delta_error_weight(tilt, h, needed)
+    log_charge = log_scale + math.log(l2_error * weight + bound_lo + bound_hi)
+    return DiscretePLD(pmf=out, delta_shift=shift, tilt=tilt, log_charge=log_charge,
+                       eps_from=w0 * h, rel_error=rel, **common)
+
+
+#: Tail mass of the tilted law left outside a tilted window (charged, times
+#: e^{L - theta eps}, i.e. ~1e-11 of delta).
+_TILTED_TAIL = 1e-13
+
+
+def _single_step(pld: DiscretePLD, side: int) -> DiscretePLD:
+    """One step needs no FFT: the discretised PLD itself, with its sums' round-off."""
+    return dataclasses.replace(pld, bound=side, rel_error=_sum_error(pld.pmf.size),
+                               loss_error=_loss_error(pld.offset, pld.pmf.size, pld.h))
+
+
+def _tilted_inputs(components, tilt: float):
+    """(q_c, T_c) pairs, L = sum_c T_c K_c, and a bound kappa on the relative error of
+    each computed q entry (it acts as a relative perturbation of the inputs)."""
+    if tilt == 0.0:
+        return [(pld, c) for pld, c in components], 0.0, 0.0
+    out, log_scale, kappa = [], 0.0, 0.0
+    for pld, count in components:
+        with np.errstate(divide="ignore"):
+            log_w = np.log(pld.pmf) + tilt * pld.losses
+        k = float(scipy.special.logsumexp(log_w))
+        q = np.exp(log_w - k)
+        finite = np.isfinite(log_w)
+        size = float(np.max(np.abs(log_w[finite]))) if finite.any() else 0.0
+        kappa = max(kappa, 8 * U * (size + abs(k) + 2))
+        out.append((DiscretePLD(h=pld.h, offset=pld.offset, pmf=q), count))
+        log_scale += count * k
+    return out, log_scale, kappa
+
+
+def _sum_error(points: int) -> float:
+    """Relative error of the sums of (1) in pmf.py over ``points`` non-negative terms,
+    each with its own few-ulp error (Higham, (4.4))."""
+    return 4.0 * (points + 4) * U
+
+
+def _loss_error(offset: int, points: int, h: float) -> float:
+    """How far a computed grid loss (offset + k) * h can be from the exact one."""
+    return 4.0 * U * h * (abs(offset) + points + 1)
 
 
 def _fold(pmf: np.ndarray, n: int) -> np.ndarray:

@@ -9,6 +9,19 @@ sub-probability vector ``pmf`` on the grid ell_k = (offset + k) h plus an atom
 (DESIGN.md, "The maths in one page"). ``delta_shift`` is a signed correction
 added to (1): composition charges mass that may have wrapped around the FFT
 there (positive for pessimistic PLDs, negative for optimistic ones).
+
+A composed PLD is a *bound*: ``bound = +1`` (upper) or ``-1`` (lower). Its float
+round-off is charged on the safe side (:mod:`fdp.pld.roundoff`) as
+
+    delta_hi(eps) = (1 + rel_error) [ (1) + c(eps) ],   = 1 for eps < eps_from,
+    delta_lo(eps) = [ (1) - c(eps) ] / (1 + rel_error),
+    c(eps)        = exp(log_charge - tilt * max(eps, eps_from)),               (2)
+
+where ``tilt`` > 0 for a composition done on exponentially tilted vectors (the
+charge then falls with eps like the tail it protects). ``rel_error`` covers the
+relative round-off of the inputs and of the sums in (1); ``loss_error`` bounds how
+far the computed grid losses (offset + k) h can be from the exact ones, and is
+charged to eps (upper bounds move up, lower bounds down).
 """
 
 from __future__ import annotations
@@ -35,8 +48,16 @@ class DiscretePLD:
     p_inf: float = 0.0
     delta_shift: float = 0.0
     #: Part of p_inf (pessimistic) or of -delta_shift (optimistic) that is float
-    #: round-off of the FFT: no delta below it can be certified.
+    #: round-off of the FFT (untilted compositions).
     round_off: float = 0.0
+    #: +1: delta is an upper bound (charges added), -1: a lower bound, 0: exact.
+    bound: int = 0
+    #: The charge (2).
+    tilt: float = 0.0
+    log_charge: float = -math.inf
+    eps_from: float = -math.inf
+    rel_error: float = 0.0
+    loss_error: float = 0.0
 
     @property
     def losses(self) -> np.ndarray:
@@ -63,19 +84,85 @@ class DiscretePLD:
         lam = np.atleast_1d(np.asarray(lam, dtype=np.float64))
         return _log_mgf(self.pmf, self.offset, self.h, lam)
 
+    def charge(self, epsilon: np.ndarray) -> np.ndarray:
+        """c(eps) of (2), the round-off charged at each eps."""
+        if self.log_charge == -math.inf:
+            return np.zeros_like(epsilon, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            return np.exp(self.log_charge - self.tilt * np.maximum(epsilon, self.eps_from))
+
     def delta(self, epsilon: float | np.ndarray) -> np.ndarray | float:
-        """delta(eps) of equation (1), vectorised over eps (any real eps)."""
+        """delta(eps) of equation (1), with the charges (2) of a bound; any real eps."""
         eps = check_array("epsilon", epsilon, allow_inf=False)
-        out = _delta_at(self.pmf, self.offset, self.h, np.atleast_1d(eps).ravel())
-        out = np.clip(out + self.p_inf + self.delta_shift, 0.0, 1.0)
+        flat = np.atleast_1d(eps).ravel()
+        # the grid losses are known to within loss_error: evaluate where that is safe
+        at = flat - self.bound * self.loss_error
+        out = _delta_at(self.pmf, self.offset, self.h, at) + self.p_inf + self.delta_shift
+        if self.bound > 0:
+            out = (out + self.charge(at)) * (1.0 + self.rel_error)
+            out[at < self.eps_from] = 1.0
+        elif self.bound < 0:
+            out = (out - self.charge(at)) / (1.0 + self.rel_error)
+        out = np.clip(out, 0.0, 1.0)
         return float(out[0]) if eps.ndim == 0 else out.reshape(eps.shape)
 
     def epsilon(self, delta: float) -> float:
-        """Smallest eps >= 0 with delta(eps) <= ``delta`` (inf if none exists)."""
-        target = check_delta(delta) - self.p_inf - self.delta_shift
+        """Smallest eps >= 0 with delta(eps) <= ``delta`` (inf if none exists).
+
+        For an upper bound, the eps returned is one where :meth:`delta` is <= ``delta``
+        (checked by evaluating it); for a lower bound, one below which :meth:`delta` is
+        > ``delta``; so each is a bound on the exact eps whatever the solver's round-off.
+        """
+        delta = check_delta(delta)
+        if self.bound == 0 or (self.log_charge == -math.inf and self.rel_error == 0.0
+                               and self.loss_error == 0.0 and self.eps_from == -math.inf):
+            return self._solve(delta - self.p_inf - self.delta_shift)
+        return self._upper_epsilon(delta) if self.bound > 0 else self._lower_epsilon(delta)
+
+    def _solve(self, target: float) -> float:
         if target <= 0.0:
             return math.inf
         return max(0.0, _epsilon_for(self.pmf, self.offset, self.h, target))
+
+    def _upper_epsilon(self, delta: float) -> float:
+        """c is non-increasing in eps: solving with c frozen at a point below the answer
+        gives an eps where the charged curve is already <= delta."""
+        base = delta / (1.0 + self.rel_error) - self.p_inf - self.delta_shift
+        below = self._solve(base)  # ignores the charge: <= the answer
+        if below == math.inf:
+            return math.inf
+        eps = max(self._solve(base - float(self.charge(np.array([below]))[0])), self.eps_from, 0.0)
+        eps += self.loss_error
+        step = 1e-13 * max(1.0, eps)
+        for _ in range(64):  # the solver's own round-off: step up until the check passes
+            if not math.isfinite(eps) or float(self.delta(eps)) <= delta:
+                return eps
+            eps += step
+            step *= 2.0
+        return math.inf
+
+    def _lower_epsilon(self, delta: float) -> float:
+        """An eps with delta_lo > delta just below it (so the exact eps is >= it)."""
+        base = delta * (1.0 + self.rel_error) - self.delta_shift - self.p_inf
+        above = self._solve(base)  # ignores the charge: >= the answer
+        eps = 0.0
+        for j in range(64):  # c frozen at a guess g <= the solution is >= c on [g, solution]
+            guess = above - self.h * 2.0**j
+            found = self._solve(base + float(self.charge(np.array([guess]))[0]))
+            if found != math.inf and found >= guess:
+                eps = found
+                break
+            if guess <= 0.0:
+                break
+        eps = max(0.0, eps - self.loss_error)
+        step = 1e-13 * max(1.0, eps)
+        for _ in range(64):
+            probe = math.nextafter(eps, -math.inf)
+            if eps <= 0.0 or float(self.delta(probe)) > delta:
+                return eps
+            eps = max(0.0, eps - step)
+            step *= 2.0
+        return 0.0
 
 
 @njit(cache=True)

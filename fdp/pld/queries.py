@@ -1,0 +1,65 @@
+"""Query policy of the accountant: which delta it certifies, its tail budget, when
+the FFT round-off calls for a tilted pass, and the warning for a wide bracket."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from fdp._validation import check_delta
+from fdp.pld.pmf import DiscretePLD
+
+__all__ = ["MIN_DELTA", "check_certifiable_delta", "reported", "round_off_matters", "tail_budget"]
+
+#: Smallest delta certified (the tail budget 1e-4 * delta must stay a normal float64).
+MIN_DELTA = 1e-290
+
+
+def round_off_matters(sides: list[DiscretePLD], delta: float, rtol: float, lo: float, hi: float) -> bool:
+    """True when some side's FFT round-off charge at the eps found is not small against
+    delta (so a tilted pass, :func:`fdp.pld.compose.compose`, would tighten it)."""
+    limit = 1e-3 * rtol * delta
+    for pld in sides:
+        if pld.tilt == 0.0:
+            if pld.round_off > limit:
+                return True
+        elif float(pld.charge(np.array([hi if pld.bound > 0 else lo]))[0]) > limit:
+            return True
+    return False
+
+
+def check_certifiable_delta(delta: float) -> float:
+    """delta in [MIN_DELTA, 1): below, the tail budget 1e-4 delta is not a float64 number."""
+    delta = check_delta(delta)
+    if delta < MIN_DELTA:
+        raise ValueError(
+            f"delta={delta:.3g} is below {MIN_DELTA:g}, the smallest delta the accountant certifies: "
+            f"it leaves 1e-4 * delta of tail mass outside its grids, and float64 numbers end near "
+            f"1e-308; ask for delta >= {MIN_DELTA:g}"
+        )
+    return delta
+
+
+def tail_budget(delta: float) -> float:
+    """Mass each FFT tail may hold: 1e-4 of delta (it moves epsilon by ~1e-4 / |d log delta / d eps|)."""
+    return max(1e-4 * delta, 1e-300)
+
+
+def reported(lo: float, hi: float, delta: float, rtol: float) -> tuple[float, float]:
+    """(lo, hi), with a warning when the bounds are not as tight as asked."""
+    if hi == math.inf:
+        warnings.warn(
+            f"the certified upper bound on epsilon at delta={delta:.3g} is inf: the composed "
+            f"privacy loss is +inf (or beyond the grid) with probability >= delta. Heavy-tailed "
+            f"mechanisms (e.g. fdp.JL with few jl_projections) do this; lower bound: {lo:.6g}",
+            stacklevel=3,
+        )
+    elif hi - lo > rtol * hi:
+        warnings.warn(
+            f"epsilon bounds [{lo:.6g}, {hi:.6g}] are wider than the relative tolerance {rtol:g}; "
+            f"pass a smaller grid_spacing, or raise max_points / max_refinements",
+            stacklevel=3,
+        )
+    return lo, hi

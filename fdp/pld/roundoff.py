@@ -1,0 +1,114 @@
+"""A proven bound on the float64 round-off of FFT composition (docs/accountant.md).
+
+:func:`fdp.pld.compose.compose` convolves vectors q_c >= 0 (each sums to at most 1)
+as
+
+    x = IDFT( B ),   B = prod_c DFT(q_c)^{T_c},                                (1)
+
+in floating point (unit round-off u = 2^-53). We bound ||x~ - x||_2, the l2 error
+of the computed circular convolution, under the standard error model of the FFT
+(Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., Sec. 24.1): a
+Cooley-Tukey FFT with accurately computed twiddle factors, whose butterflies each
+add a relative error <= eta. Then
+
+* componentwise, every output of the forward FFT of a vector v is off by at most
+  beta ||v||_1 with beta = C_FFT u log2 n: output k is reached through exactly one
+  entry of each sub-transform at each of the log2 n levels, and the entries of
+  one level's sub-transforms that feed it have moduli summing to <= ||v||_1;  (2)
+* normwise, ||fl(FFT v) - FFT v||_2 <= beta ||FFT v||_2 (Higham, Thm 24.2).   (3)
+
+Higham's radix-2 constant is 4 sqrt 2 + 1 ~ 6.7 (eta = gamma_4 (sqrt 2 + mu)); pocketfft
+(scipy.fft) also runs radix-3 and radix-5 passes, each worth log2 3 or log2 5 radix-2
+levels with a butterfly error below 2.4x a radix-2 one, so we take C_FFT = 16.
+``tests/test_roundoff.py`` checks the bound against exact (rational) convolutions.
+
+Step by step, with e_c = beta (1 + beta) ||q_c||_1 from (2) and m_c,k = |a~_c,k| + e_c
+(a bound on both the exact |a_c,k| and the computed |a~_c,k|):
+
+* power by repeated squaring: |a~^T - a^T| <= T e_c m^(T-1); the squarings and
+  products themselves add a relative error <= pi = (1 + 4u)^(2 sum T + C) - 1 (each
+  complex product errs by <= 4u, and a squaring doubles the error carried in);
+* product over the C components: |B~_k - B_k| <= (sum_c T_c e_c / m_c,k + pi) prod_c m_c,k^T_c;
+* inverse, by (3) and Parseval: ||x~ - x||_2 <= beta ||x~||_2 / (1 - beta) + ||B~ - B||_2 / sqrt n.
+
+The sum over k runs over the full (Hermitian) spectrum, in log space. Where |a_c,k| is
+well below 1, m^T is tiny: the bound is ~ T beta sqrt(n) ||x||_2 instead of the
+normwise T beta sqrt(n) ||q||_2, far smaller after many steps. A bound on the l2 error
+becomes one on delta by Cauchy-Schwarz against the weights with which the entries
+enter delta (:func:`delta_error_weight`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["U", "fft_relative_error", "spectrum_error_terms", "composition_l2_error", "delta_error_weight"]
+
+#: Unit round-off of float64.
+U = 2.0**-53
+#: C_FFT of (2): 2.4x Higham's radix-2 constant, for pocketfft's radix-3/5 passes.
+C_FFT = 16.0
+#: Largest relative error of one complex product (Brent, Percival, Zimmermann
+#: 2007: sqrt(5) u without FMA, 2u with; rounded up).
+C_MUL = 4.0
+
+
+def fft_relative_error(n: int) -> float:
+    """beta(n) of (2): the normwise relative error of one float64 FFT of length n."""
+    return C_FFT * U * max(math.ceil(math.log2(max(n, 2))), 1)
+
+
+def spectrum_error_terms(abs_spectrum: np.ndarray, l1_norm: float, count: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One component's share of the spectral bound: (T e / m, T log m) per coefficient.
+
+    ``abs_spectrum`` is |a~_k| of the computed half spectrum (rfft) of q_c, before the power.
+    """
+    e = fft_relative_error(n) * (1 + fft_relative_error(n)) * l1_norm
+    m = abs_spectrum + e
+    with np.errstate(divide="ignore"):
+        return count * e / m, count * np.log(m)
+
+
+def composition_l2_error(ratio_sum: np.ndarray, log_product: np.ndarray, steps: int, factors: int,
+                         n: int, result_l2: float) -> float:
+    """Upper bound on ||x~ - x||_2 for the computed convolution (1).
+
+    Args:
+      ratio_sum: sum_c T_c e_c / m_c,k over the half spectrum (rfft layout).
+      log_product: sum_c T_c log m_c,k over the half spectrum.
+      steps: sum_c T_c.
+      factors: C, the number of components.
+      n: FFT length.
+      result_l2: ||x~||_2 of the computed result (before any clipping).
+    """
+    beta = fft_relative_error(n)
+    pi = math.expm1((2 * steps + factors) * math.log1p(C_MUL * U))
+    log_terms = np.log(ratio_sum + pi) + log_product
+    # full spectrum: each rfft coefficient but the first (and the Nyquist one) twice
+    weights = np.full(log_terms.shape, 2.0)
+    weights[0] = 1.0
+    if n % 2 == 0:
+        weights[-1] = 1.0
+    top = float(np.max(log_terms))
+    if not math.isfinite(top):
+        spectral = 0.0 if top == -math.inf else math.inf
+    else:
+        spectral = math.exp(top) * math.sqrt(float(np.sum(weights * np.exp(2.0 * (log_terms - top)))))
+    bound = beta * result_l2 / (1 - beta) + spectral / math.sqrt(n)
+    return bound * (1 + 1e-6)  # the few roundings of this very computation
+
+
+def delta_error_weight(tilt: float, h: float, points: int) -> float:
+    """sup over eps of ||w||_2 with w_s = e^{-tilt (s - max(eps, s_0))} on the grid points s > eps.
+
+    An entry error e_s of the tilted composition moves delta(eps) by at most
+    e^{L - tilt s} |e_s| (the untilting factor), so the total error is at most
+    e^{L - tilt max(eps, s_0)} ||e||_2 ||w||_2 (Cauchy-Schwarz); ||w||_2^2 is a
+    geometric series bounded by 1 / (1 - e^{-2 tilt h}), and by the number of points.
+    """
+    if tilt <= 0.0:
+        return math.sqrt(points)
+    return min(math.sqrt(points), 1.0 / math.sqrt(-math.expm1(-2.0 * tilt * h)))
