@@ -74,6 +74,14 @@ class Mechanism(abc.ABC):
         """
         return None
 
+    def is_null(self) -> bool:
+        """True if the two output laws are identical: the privacy loss is exactly 0.
+
+        Composing such a mechanism is the identity, so the accountant leaves it out
+        (any number of times, exactly), instead of discretising a point mass.
+        """
+        return False
+
     def is_symmetric(self) -> bool:
         """True if without subsampling the two directions have the same PLD.
 

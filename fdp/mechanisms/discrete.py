@@ -72,6 +72,11 @@ class _DiscretePair(Mechanism):
         lp0, lp1 = self._log_pair()
         return pair_cells(lp0, lp1, self.sampling_rate, Direction(direction), grid)
 
+    def is_null(self) -> bool:
+        """P0 == P1 entry by entry (e.g. randomized response with epsilon 0)."""
+        lp0, lp1 = self._log_pair()
+        return bool(np.array_equal(lp0, lp1))
+
     def grid_anchor(self, direction: Direction) -> float | None:
         """The finite non-zero atom of largest |loss| (see :meth:`Mechanism.grid_anchor`)."""
         return largest_atom(*self._log_pair(), self.sampling_rate, Direction(direction))

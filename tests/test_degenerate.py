@@ -1,0 +1,64 @@
+"""Degenerate and boundary cases of the accountant (issue 12, items 2, 3 and 7)."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+from scipy import stats
+
+import fdp
+
+NULLS = [fdp.FromDistributions([0.5, 0.5], [0.5, 0.5]), fdp.RandomizedResponse(epsilon=0.0),
+         fdp.RandomizedResponse(epsilon=0.0, sampling_rate=0.3)]
+
+
+@pytest.mark.parametrize("null", NULLS, ids=["from_distributions", "rr0", "rr0_subsampled"])
+def test_mechanisms_with_zero_privacy_loss_are_exact_no_ops(null):
+    """Composed 1e10 times beside a Gaussian they moved eps (by 1 % in delta at 1e-4, and
+    to inf at 1e-9): now the answers are identical to the Gaussian's alone."""
+    assert null.is_null()
+    gaussian = fdp.Gaussian(noise_multiplier=1.0, sampling_rate=0.01)
+    alone = fdp.PLDAccountant().compose(gaussian, 1000)
+    with_null = fdp.PLDAccountant().compose(gaussian, 1000).compose(null, 10**10)
+    for delta in (1e-4, 1e-9):
+        assert with_null.get_epsilon_bounds(delta) == alone.get_epsilon_bounds(delta)
+    assert with_null.get_delta_bounds(1.0) == alone.get_delta_bounds(1.0)
+
+
+@pytest.mark.parametrize("null", NULLS, ids=["from_distributions", "rr0", "rr0_subsampled"])
+def test_a_null_mechanism_alone_spends_nothing(null):
+    acc = fdp.PLDAccountant().compose(null, 10**10)
+    lo, hi = acc.get_epsilon_bounds(1e-9)
+    assert lo == 0.0 and hi < 1e-12
+    assert acc.get_delta_bounds(0.0)[1] < 1e-12
+
+
+def test_a_mechanism_that_is_not_null_is_not_skipped():
+    assert not fdp.RandomizedResponse(epsilon=1e-12).is_null()
+    assert not fdp.FromDistributions([0.5, 0.5], [0.5 + 1e-15, 0.5 - 1e-15]).is_null()
+    assert not fdp.Gaussian(noise_multiplier=1e6).is_null()
+
+
+@pytest.mark.parametrize("sigma, steps", [(0.1, 1000), (0.5, 300)])
+def test_delta_near_one_is_never_under_reported(sigma, steps):
+    """The truth 1 - 2 Phi(-mu / 2) is 1.0 in float64 here: the upper bound must be 1.0 too
+    (it was 1 - 5.7e-12), and the lower bound must not exceed it."""
+    mu = math.sqrt(steps) / sigma
+    truth = 1 - 2 * mpmath.ncdf(-mpmath.mpf(mu) / 2)
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=sigma), steps)
+    lo, hi = acc.get_delta_bounds(0.0)
+    assert mpmath.mpf(lo) <= truth <= mpmath.mpf(hi)
+    assert hi == 1.0
+
+
+def test_tradeoff_of_a_plain_gaussian_composition_is_a_valid_curve():
+    """sigma ~ 1.96, T = 125 raised "Q-masses sum to 1.0072 > 1"."""
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=1.96), 125)
+    curve = acc.tradeoff()
+    mu = math.sqrt(125) / 1.96
+    for alpha in (1e-6, 1e-3, 0.1, 0.5):
+        # a lower bound on the Gaussian tradeoff curve G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)
+        exact = float(stats.norm.cdf(stats.norm.isf(alpha) - mu))
+        assert 0.0 <= float(curve(alpha)) <= exact + 1e-9
