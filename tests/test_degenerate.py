@@ -62,3 +62,11 @@ def test_tradeoff_of_a_plain_gaussian_composition_is_a_valid_curve():
         # a lower bound on the Gaussian tradeoff curve G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)
         exact = float(stats.norm.cdf(stats.norm.isf(alpha) - mu))
         assert 0.0 <= float(curve(alpha)) <= exact + 1e-9
+
+
+def test_an_infinite_loss_atom_above_delta_gives_infinite_lower_and_upper_bounds():
+    """P puts 1 - 0.999^3 ~ 3e-3 where Q has none after 3 steps: eps(1e-4) is +inf exactly,
+    and both ends of the bracket must say so (a lower bound of 0 would be valid but useless)."""
+    acc = fdp.PLDAccountant().compose(fdp.FromDistributions([0.999, 0.001], [1.0, 0.0]), steps=3)
+    with pytest.warns(UserWarning, match="is inf"):
+        assert acc.get_epsilon_bounds(1e-4) == (math.inf, math.inf)

@@ -145,6 +145,9 @@ class DiscretePLD:
         """An eps with delta_lo > delta just below it (so the exact eps is >= it)."""
         base = delta * (1.0 + self.rel_error) - self.delta_shift - self.p_inf
         above = self._solve(base)  # ignores the charge: >= the answer
+        if above == math.inf:  # the atoms at +inf alone may hold delta: check past the grid
+            beyond = (self.offset + self.pmf.size + 1) * self.h + self.loss_error + 1.0
+            return math.inf if float(self.delta(beyond)) > delta else 0.0
         eps = 0.0
         for j in range(64):  # c frozen at a guess g <= the solution is >= c on [g, solution]
             guess = above - self.h * 2.0**j
