@@ -28,7 +28,6 @@ imports (it pins TensorFlow <= 2.15 and Keras 2; see benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -37,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -103,41 +102,8 @@ def _optimizer(name: str):
     if name.startswith("vanilla_"):
         return fdp_tf.DPAdamVanilla(per_example_method=name.split("_")[1], **dp)
     if name.startswith("jl"):
-        return fdp_tf.DPAdamJL(jl_projections=int(name[2:].removesuffix("+unchecked")), **dp)
+        return fdp_tf.DPAdamJL(jl_projections=int(name[2:]), **dp)
     raise ValueError(f"unknown optimizer {name!r}")
-
-
-@contextlib.contextmanager
-def _without_checks() -> Iterator[None]:
-    """Switch off the run-time checks of a private step, for measuring their cost only.
-
-    The "+unchecked" columns time the step as it was before the checks existed: no
-    rerun on the examples with a finite loss (the whole step is one ``tf.cond``
-    cheaper) and, for layer-wise exact clipping, the tape's reweighted gradient
-    released directly instead of the taps' reconstruction reconciled with it. Such a
-    step is NOT private on every model (see docs/training.md, "What is guaranteed");
-    this function exists only in this benchmark's child processes.
-    """
-    import fdp_tf.optimizers
-    import fdp_tf.per_example
-    from fdp_tf.clipping import clip_factors
-    from fdp_tf.forward import ZERO
-
-    def unchecked_release(recorded, variables, norms, pieces, l2_norm_clip, batch):
-        losses = recorded.forward.per_example_losses
-        factors = clip_factors(norms, l2_norm_clip, losses)
-        weights = factors / float(batch)
-        grads = recorded.tape.gradient(losses, list(variables), output_gradients=weights,
-                                       unconnected_gradients=ZERO)
-        return list(grads), norms, factors
-
-    saved = fdp_tf.optimizers.without_nonfinite_examples, fdp_tf.per_example._layerwise_release
-    fdp_tf.optimizers.without_nonfinite_examples = lambda result, rerun: result
-    fdp_tf.per_example._layerwise_release = unchecked_release
-    try:
-        yield
-    finally:  # --in-process runs the checked columns in this process too
-        fdp_tf.optimizers.without_nonfinite_examples, fdp_tf.per_example._layerwise_release = saved
 
 
 def run_config(model_name: str, opt_name: str, *, batch: int, steps: int, warmup: int,
@@ -188,7 +154,7 @@ def run_config(model_name: str, opt_name: str, *, batch: int, steps: int, warmup
             model.compile(optimizer=_optimizer("adam"), loss=loss, jit_compile=False)
             trained = model  # a plain keras.Model: the baseline users compare with
         else:
-            optimizer = _optimizer(opt_name.removesuffix("+unchecked"))
+            optimizer = _optimizer(opt_name)
             trained = fdp_tf.make_private(model, optimizer=optimizer, loss=loss)
             method = _resolved_method(optimizer, trained)
         def batches():
@@ -202,9 +168,7 @@ def run_config(model_name: str, opt_name: str, *, batch: int, steps: int, warmup
             sizes = [int(b[1].shape[0]) for b in batches()]
             data = batches()
             rss_before = _rss_mib()
-            checks = _without_checks() if opt_name.endswith("+unchecked") else contextlib.nullcontext()
-            with checks:
-                trained.fit(data, epochs=1, verbose=0, shuffle=False, callbacks=[StepTimer()])
+            trained.fit(data, epochs=1, verbose=0, shuffle=False, callbacks=[StepTimer()])
     measured = times[warmup:]
     return {
         "model": model_name, "optimizer": opt_name, "batch": batch, "method": method,
@@ -267,8 +231,6 @@ def _run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def _label(opt: str) -> str:
-    if opt.endswith("+unchecked"):
-        return _label(opt.removesuffix("+unchecked")) + ", checks off"
     if opt == "adam":
         return "non-DP Adam"
     if opt == "vanilla":
@@ -301,16 +263,6 @@ def _print_table(model_name: str, batch: int, rows: dict[str, dict[str, Any]]) -
             memory = "— | —"  # one process for all configurations: its peak is not this row's
         print(f"| {_label(opt)} | {row.get('method') or '—'} | {t:.4f} | {row['q25']:.4f}–{row['q75']:.4f} | {row['first_step']:.1f} "
               f"| {ratio} | {speedup} | {memory} | {row['steps_measured']} | {row['mean_batch']:.1f} |")
-
-
-def _print_check_cost(rows: dict[str, dict[str, Any]]) -> None:
-    """What the run-time privacy checks add to a step: checked / unchecked - 1, one run."""
-    for opt, row in rows.items():
-        plain = rows.get(f"{opt}+unchecked", {})
-        if "seconds_per_step" in row and "seconds_per_step" in plain:
-            cost = row["seconds_per_step"] / plain["seconds_per_step"] - 1
-            print(f"checks cost, {_label(opt)}: {100 * cost:+.1f} % of the step "
-                  f"({row['seconds_per_step']:.4f} vs {plain['seconds_per_step']:.4f} s)")
 
 
 def _plot(path: str, results: dict[str, dict[str, dict[str, Any]]]) -> None:
@@ -364,9 +316,6 @@ def main() -> None:
                         choices=["layerwise", "vectorized", "loop"],
                         help="exact DP-Adam columns besides per_example_method='auto' (default: "
                              "vectorized, the pfor approach of TF Privacy; --quick: loop)")
-    parser.add_argument("--no-check-cost", dest="check_cost", action="store_false",
-                        help="skip the 'checks off' columns that measure what the run-time "
-                             "privacy checks cost (non-finite rerun guard, layer-wise reconciliation)")
     parser.add_argument("--png", default="")
     parser.add_argument("--json", default="", help="write the raw results here")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -397,8 +346,6 @@ def main() -> None:
         results[model_name] = {}
         # "auto" picks layerwise for both models; time the other exact methods beside it.
         extra = [f"vanilla_{m}" for m in args.exact_methods]
-        if args.check_cost:
-            extra += [f"jl{args.projections[0]}+unchecked", "vanilla+unchecked"]
         for opt in [*opts, *extra]:
             config = dict(model_name=model_name, opt_name=opt, batch=batch, steps=args.steps,
                           warmup=args.warmup, max_seconds=args.max_seconds, length=args.length)
@@ -413,7 +360,6 @@ def main() -> None:
             shown = f"{row['seconds_per_step']:.4f} s/step" if "seconds_per_step" in row else row["error"]
             print(f"  {model_name:5s} {_label(opt):24s} {shown}", flush=True)
         _print_table(model_name, batch, results[model_name])
-        _print_check_cost(results[model_name])
     load_after = os.getloadavg()
     print(f"\ntotal {time.perf_counter() - start:.0f} s; load average before {load_before[0]:.2f}, "
           f"after {load_after[0]:.2f} (1 min)")

@@ -20,7 +20,7 @@ import tensorflow as tf
 from fdp_tf.clipping import check_batch_size, clip_factors, regularization_gradient, release
 from fdp_tf.forward import ZERO, ForwardFn, PrivateGradient, RecordedForward, record_forward
 from fdp_tf.introspection import looped_rnn_layers
-from fdp_tf.layerwise import layerwise_norms, reconcile, reconstructed_sum
+from fdp_tf.layerwise import layerwise_norms, reconstructed_sum
 from fdp_tf.randomness import step_randomness
 
 __all__ = [
@@ -135,9 +135,8 @@ def vanilla_private_gradient(
       rng: ``tf.random.Generator`` for the noise; ``None``: OS entropy; an int is refused.
       per_example_method: ``"layerwise"`` (exact ||g_i|| layer by layer; the released
         sum is rebuilt from the same layer taps, so each example's contribution has
-        exactly the clipped norm, and it is reconciled at every step with the tape's
-        gradient: on a mismatch the step uses the per-example loop instead; needs
-        ``model``), ``"vectorized"`` (``GradientTape.jacobian`` with pfor) or
+        exactly the clipped norm; every step checks that the taps saw every use of every
+        weight, and if not, uses the per-example loop on a fresh pass; needs ``model``), ``"vectorized"`` (``GradientTape.jacobian`` with pfor) or
         ``"loop"`` (one backward pass per example). If ``"layerwise"`` cannot handle
         the model at all it warns and uses pfor (the loop for looped RNNs).
       model: the Keras model run by ``forward_fn`` (for ``"layerwise"``).
@@ -151,10 +150,10 @@ def vanilla_private_gradient(
     if per_example_method == "layerwise":
         if model is None:
             raise ValueError("per_example_method='layerwise' needs the model (model=...)")
-        recorded, norms, pieces, reason = layerwise_norms(forward_fn, variables, model)
+        recorded, norms, pieces, reason, covered = layerwise_norms(forward_fn, variables, model, draws)
         if norms is not None:
             clipped, norms, factors = _layerwise_release(
-                recorded, variables, norms, pieces, l2_norm_clip, batch
+                forward_fn, recorded, variables, norms, pieces, covered, l2_norm_clip, batch
             )
             return release(
                 _with_regularization(clipped, recorded, variables), recorded, norms, factors,
@@ -180,23 +179,23 @@ def vanilla_private_gradient(
 
 
 def _layerwise_release(
-    recorded: RecordedForward, variables: Sequence[Any], norms: tf.Tensor, pieces: Any,
-    l2_norm_clip: float, batch: int,
+    forward_fn: ForwardFn, recorded: RecordedForward, variables: Sequence[Any], norms: tf.Tensor,
+    pieces: Any, covered: tf.Tensor, l2_norm_clip: float, batch: int,
 ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
-    """The taps' reconstruction sum_i c_i G_i / B if it reconciles with the tape, else the
-    per-example loop's (both exact; the choice is made per step, in the graph)."""
+    """The taps' reconstruction sum_i c_i G_i / B if the taps saw every use of every
+    variable, else exact per-example gradients of a fresh pass (the tapped pass read
+    its weights as constants); the choice is made per step, in the graph."""
     losses = recorded.forward.per_example_losses
     factors = clip_factors(norms, l2_norm_clip, losses)
-    weights = factors / tf.cast(batch, factors.dtype)
-    mine = reconstructed_sum(pieces, variables, weights)
-    matches = reconcile(recorded, variables, mine, weights)
+    mine = reconstructed_sum(pieces, variables, factors / tf.cast(batch, factors.dtype))
 
     def taps() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
         return list(mine), norms, factors
 
     def loop() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
-        return _clipped_from_per_example(recorded, variables, False, l2_norm_clip, batch)
+        fresh = record_forward(forward_fn, persistent=True)
+        return _clipped_from_per_example(fresh, variables, False, l2_norm_clip, batch)
 
     if tf.executing_eagerly():
-        return taps() if bool(matches) else loop()
-    return tf.cond(matches, taps, loop)
+        return taps() if bool(covered) else loop()
+    return tf.cond(covered, taps, loop)

@@ -41,9 +41,11 @@ __all__ = [
 
 RandomSource = Union[tf.random.Generator, None]
 
-# draw streams within a step: JL directions and noise never share a key
+# draw streams within a step: JL directions, noise and the layer-wise coverage check
+# never share a key
 DIRECTIONS_STREAM = 0
 NOISE_STREAM = 1
+CHECK_STREAM = 2
 
 
 class NotPrivateWarning(UserWarning):

@@ -2,17 +2,24 @@
 
 support: which layers are handled (static filter); pieces: per-example gradients in
 outer-product form; recurrent: RNNs with the input projection outside the loop;
-taps: recording, norms, the released reconstruction and its reconciliation.
+taps: recording, norms, the released reconstruction and its coverage check.
 """
 
 from fdp_tf.layerwise.support import layerwise_unsupported, tap_kind
-from fdp_tf.layerwise.taps import LayerTaps, layerwise_norms, reconcile, reconstructed_sum
+from fdp_tf.layerwise.taps import (
+    LayerTaps,
+    LayerwiseNorms,
+    escaped_gradients_vanish,
+    layerwise_norms,
+    reconstructed_sum,
+)
 
 __all__ = [
     "LayerTaps",
+    "LayerwiseNorms",
+    "escaped_gradients_vanish",
     "layerwise_norms",
     "layerwise_unsupported",
-    "reconcile",
     "reconstructed_sum",
     "tap_kind",
 ]

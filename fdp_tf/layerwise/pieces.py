@@ -23,6 +23,7 @@ norm is the sum over its pieces.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -58,20 +59,35 @@ class OuterPiece:
     a: tf.Tensor
     g: tf.Tensor
 
+    @property
+    def _explicit_form(self) -> bool:
+        """Materialise the b matrices G_i (cheaper than the Gram form when n(p+q) >= pq)?"""
+        n, p, q = self.a.shape[1], self.a.shape[-1], self.g.shape[-1]
+        if n == 1:
+            return False
+        return not (n is not None and p is not None and q is not None and n * (p + q) < p * q)
+
+    @cached_property
+    def _per_example(self) -> tf.Tensor:
+        """The G_i themselves, [b, p, q] (computed once; the norms and the sum share it)."""
+        return tf.linalg.matmul(tf.cast(self.a, self.g.dtype), self.g, transpose_a=True)
+
     def squared_norms(self) -> tf.Tensor:
         """||G_i||_F^2, exact; the cheaper of the Gram and the explicit form."""
         a, g = tf.cast(self.a, self.g.dtype), self.g
-        n, p, q = a.shape[1], a.shape[-1], g.shape[-1]
-        if n == 1:
+        if a.shape[1] == 1:
             return tf.reduce_sum(tf.square(a), axis=[1, 2]) * tf.reduce_sum(tf.square(g), axis=[1, 2])
-        if n is not None and p is not None and q is not None and n * (p + q) < p * q:
-            gram_a = tf.linalg.matmul(a, a, transpose_b=True)
-            gram_g = tf.linalg.matmul(g, g, transpose_b=True)
-            return tf.reduce_sum(gram_a * gram_g, axis=[1, 2])
-        return tf.reduce_sum(tf.square(tf.linalg.matmul(a, g, transpose_a=True)), axis=[1, 2])
+        if self._explicit_form:
+            return tf.reduce_sum(tf.square(self._per_example), axis=[1, 2])
+        gram_a = tf.linalg.matmul(a, a, transpose_b=True)
+        gram_g = tf.linalg.matmul(g, g, transpose_b=True)
+        return tf.reduce_sum(gram_a * gram_g, axis=[1, 2])
 
     def weighted_sum(self, weights: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
         """sum_i w_i G_i, shape [p, q]."""
+        if self._explicit_form:
+            per_example = _keep_rows(self._per_example, keep)
+            return tf.tensordot(tf.cast(weights, per_example.dtype), per_example, axes=1)
         a = _keep_rows(tf.cast(self.a, self.g.dtype), keep)
         g = _keep_rows(self.g, keep)
         a = a * _row_weights(weights, a)

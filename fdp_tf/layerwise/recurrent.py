@@ -56,8 +56,15 @@ def recurrent_gradients(tap: Any, grad: tf.Tensor) -> list[VariableGradient]:
     return out
 
 
+def _constant(variable: Any, dtype: Any) -> tf.Tensor:
+    return tf.stop_gradient(tf.cast(tf.convert_to_tensor(variable), dtype))
+
+
 def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: Any) -> Any:
     """Keras LSTM / GRU / SimpleRNN ``call`` with the input projection outside the loop.
+
+    The weights enter as constants (``tf.stop_gradient``): the tape's gradient of a
+    variable then holds only the uses the taps did not see (see ``LayerTaps``).
 
     Same equations, gate order, masking and output conventions as Keras 3's layers and
     ``backend.rnn`` (``go_backwards``, ``return_sequences``, ``return_state``,
@@ -68,9 +75,10 @@ def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: 
     x = tf.cast(sequences, dtype)
     if layer.go_backwards:
         x = tf.reverse(x, axis=[1])
-    kernel = tf.cast(tf.convert_to_tensor(cell.kernel), dtype)
-    recurrent = tf.cast(tf.convert_to_tensor(cell.recurrent_kernel), dtype)
-    bias = tf.cast(tf.convert_to_tensor(cell.bias), dtype) if cell.use_bias else None
+    # weights read as constants: their gradient is the taps' (coverage check, taps.py)
+    kernel = _constant(cell.kernel, dtype)
+    recurrent = _constant(cell.recurrent_kernel, dtype)
+    bias = _constant(cell.bias, dtype) if cell.use_bias else None
     input_bias = recurrent_bias = None
     if bias is not None:
         if kind == "gru" and cell.reset_after:
@@ -80,6 +88,7 @@ def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: 
     proj = tf.linalg.matmul(x, kernel)  # [b, T, G]
     if input_bias is not None:
         proj = proj + input_bias
+    tap.set_target(proj)  # before the loop uses it
     units = cell.units
     batch = tf.shape(x)[0]
     if initial_state is None:
@@ -144,7 +153,6 @@ def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: 
         "h_prev": tf.transpose(h_prev, [1, 0, 2]),
         "r": tf.transpose(rs, [1, 0, 2]),
     }
-    tap.target = proj
     outputs = tf.transpose(outs, [1, 0, 2])
     output = outputs if layer.return_sequences else outs[-1]
     output = tf.cast(output, layer.compute_dtype)

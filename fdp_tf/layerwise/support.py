@@ -1,9 +1,8 @@
 """Which layers the layer-wise norms handle, decided before any step runs.
 
-This is a first, static filter; the run-time reconciliation in
+This is a first, static filter; the run-time coverage check in
 :mod:`fdp_tf.layerwise.taps` proves at every step that the taps saw every use of
-every variable (a weight read outside its layer, or through a property that
-transforms it, is caught there).
+every variable (a weight read outside its layer is caught there).
 """
 
 from __future__ import annotations

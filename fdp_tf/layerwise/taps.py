@@ -10,20 +10,25 @@ activations), hence the exact ||g_i||.
 What is released is the tap reconstruction sum_i c_i G_i / B: each G_i is computed
 from example i's activations alone and has exactly the norm that was clipped, so
 every example's contribution is at most C whatever the model does. Whether the
-reconstruction equals the true clipped gradient (no use of a variable escaped the
-taps: a weight read outside its layer, a property that transforms the variable) is
-proven at every step by :func:`reconcile` against the tape's gradient of the same
-recorded pass; on a mismatch the step is recomputed with exact per-example
-gradients (see :func:`fdp_tf.vanilla_private_gradient`).
+reconstruction is the true clipped gradient is checked at every step, exactly: inside
+the tapped calls the layers read their weights as constants (``tf.stop_gradient``),
+so the tape's gradient of a variable holds only the uses the taps did *not* see (a
+weight read outside its layer, e.g. tied weights through ``keras.ops``). It must be
+zero (:func:`escaped_gradients_vanish`); otherwise the step is recomputed on a fresh
+pass with exact per-example gradients (see :func:`fdp_tf.vanilla_private_gradient`).
+The check costs the backward pass of the escaped uses only: nothing on a model the
+taps fully see. It decides only which exact gradient is used, never the privacy of
+what is released.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
+import keras
 import tensorflow as tf
 
-from fdp_tf.forward import ZERO, ForwardFn, RecordedForward, record_forward
+from fdp_tf.forward import ZERO, ForwardFn, RecordedForward, check_forward, record_forward
 from fdp_tf.introspection import iter_layers
 from fdp_tf.layerwise.pieces import (
     EmbeddingPiece,
@@ -34,21 +39,31 @@ from fdp_tf.layerwise.pieces import (
 )
 from fdp_tf.layerwise.recurrent import recurrent_forward, recurrent_gradients
 from fdp_tf.layerwise.support import layerwise_unsupported, tap_kind
+from fdp_tf.randomness import CHECK_STREAM, StepRandomness, step_randomness
 
-__all__ = ["LayerTaps", "layerwise_norms", "reconcile", "reconstructed_sum"]
-
-# relative tolerance of the reconciliation: float32 sums in another order differ by
-# ~1e-6 relative; a missed use of a variable changes its gradient by far more
-RECONCILE_RTOL = 1e-3
+__all__ = [
+    "LayerTaps",
+    "LayerwiseNorms",
+    "escaped_gradients_vanish",
+    "layerwise_norms",
+    "reconstructed_sum",
+]
 
 
 class _Tap:
     """One call of a supported layer in the recorded pass."""
 
-    def __init__(self, kind: str, layer: Any, owned: list[Any]) -> None:
-        self.kind, self.layer, self.owned = kind, layer, owned
+    def __init__(self, kind: str, layer: Any, owned: list[Any], tape: tf.GradientTape | None) -> None:
+        self.kind, self.layer, self.owned, self._tape = kind, layer, owned, tape
         self.values: dict[str, tf.Tensor] = {}
         self.target: tf.Tensor | None = None  # the tensor whose gradient is needed
+
+    def set_target(self, target: tf.Tensor) -> None:
+        """Record the target; the tape watches it (it is computed from constant weights,
+        so on the first layer it would otherwise not be recorded at all)."""
+        if self._tape is not None:
+            self._tape.watch(target)
+        self.target = target
 
     def gradients(self, grad: tf.Tensor) -> list[VariableGradient]:
         """The layer's variables' per-example gradients, from grad = dL/d(target)."""
@@ -93,11 +108,17 @@ def _patches(kind: str, layer: Any, inputs: tf.Tensor, dtype: Any) -> tf.Tensor:
 _MISSING = object()
 
 
+def _constant_weights(owned: Sequence[Any]) -> Any:
+    """Inside, reading one of ``owned`` gives its value as a constant (no gradient to it)."""
+    return keras.StatelessScope(state_mapping=[(v, tf.stop_gradient(v.value)) for v in owned])
+
+
 class LayerTaps:
     """Context manager: while active, supported layers record what their norms need."""
 
-    def __init__(self, model: Any, variables: Sequence[Any]) -> None:
+    def __init__(self, model: Any, variables: Sequence[Any], tape: tf.GradientTape | None = None) -> None:
         self.variables = list(variables)
+        self.tape = tape  # the recording tape: it must watch the targets
         wanted = {id(v) for v in self.variables}
         self.layers: list[tuple[Any, str, list[Any]]] = []
         for layer in iter_layers(model):
@@ -129,22 +150,24 @@ class LayerTaps:
             if any(t.layer is layer for t in self.taps):
                 self.failure = f"layer {layer.name!r} is called more than once"
                 return original(*args, **kwargs)
-            tap = _Tap(kind, layer, owned)
+            tap = _Tap(kind, layer, owned, self.tape)
             if kind in ("dense", "conv2d", "conv1d"):
                 activation = layer.activation
                 object.__setattr__(layer, "activation", None)
                 try:
-                    pre = original(*args, **kwargs)
+                    with _constant_weights(owned):
+                        pre = original(*args, **kwargs)
                 finally:
                     object.__setattr__(layer, "activation", activation)
                 tap.values = {"inputs": args[0] if args else kwargs["inputs"]}
-                tap.target = pre
+                tap.set_target(pre)
                 self.taps.append(tap)
                 return activation(pre) if activation is not None else pre
             if kind == "embedding":
-                out = original(*args, **kwargs)
+                with _constant_weights(owned):
+                    out = original(*args, **kwargs)
                 tap.values = {"inputs": args[0] if args else kwargs["inputs"]}
-                tap.target = out
+                tap.set_target(out)
                 self.taps.append(tap)
                 return out
             sequences = args[0] if args else kwargs.pop("sequences")
@@ -156,22 +179,27 @@ class LayerTaps:
 
         return call
 
-    def variable_gradients(self, recorded: RecordedForward) -> list[VariableGradient] | None:
-        """Per-example gradients of every wanted variable as pieces, or ``None`` (fall back).
+    def variable_gradients(
+        self, recorded: RecordedForward, draws: StepRandomness | None = None
+    ) -> tuple[list[VariableGradient] | None, tf.Tensor]:
+        """Per-example gradients of every wanted variable as pieces, and the coverage check.
 
-        A wanted variable owned by a layer that was never called has gradient 0 (no
-        pieces); a variable no tap owns makes the taps unusable.
+        ``draws=None`` skips the check (it then reads ``True``). Returns ``(None, False)``
+        (fall back) when the taps cannot be used. A wanted variable owned by a layer that
+        was never called has gradient 0 (no pieces); a variable no tap owns makes the
+        taps unusable.
         """
         if self.failure is not None:
-            return None
+            return None, tf.constant(False)
         wanted = {id(v) for v in self.variables}
-        covered = {id(v) for layer, _, owned in self.layers for v in owned}
-        if wanted - covered:
+        owned = {id(v) for layer, _, owned in self.layers for v in owned}
+        if wanted - owned:
             self.failure = "some trainable variables are not owned by a supported layer"
-            return None
+            return None, tf.constant(False)
         losses = recorded.forward.per_example_losses
+        covered = tf.constant(True) if draws is None else escaped_gradients_vanish(recorded, self.variables, draws)
         if not self.taps:
-            return []
+            return [], covered
         grads = recorded.tape.gradient(
             losses, [t.target for t in self.taps], output_gradients=tf.ones_like(losses),
             unconnected_gradients=ZERO,
@@ -186,35 +214,76 @@ class LayerTaps:
                         "see one row per example; use per_example_method='vectorized'",
             )
             out.extend(vg for vg in tap.gradients(tf.convert_to_tensor(grad)) if id(vg.variable) in wanted)
-        return out
+        return out, covered
+
+
+def escaped_gradients_vanish(
+    recorded: RecordedForward, variables: Sequence[Any], draws: StepRandomness
+) -> tf.Tensor:
+    """True iff the tape's gradient of sum_i r_i l_i is exactly 0 for every variable.
+
+    Inside the tapped calls the weights are constants, so this gradient is
+    sum_i r_i Delta_i with Delta_i the part of example i's gradient that the taps
+    missed. The weights r_i >= 1 are random and drawn after the pass: a miss that
+    cancels across examples (sum_i Delta_i = 0, which weights 1 would not see) still
+    gives a non-zero sum with probability 1. So True means Delta_i = 0 for every i
+    (up to that null event): the taps' sum_i w_i G_i is the true gradient for every
+    weighting w, in particular the clip factors. A model the taps fully see has no
+    path from the losses to its variables: the tape returns ``None`` and nothing is
+    computed. A NaN in a missed part reads as not 0 (the step falls back).
+    """
+    losses = recorded.forward.per_example_losses
+    r = 1.0 + tf.abs(draws.normal(tf.shape(losses), losses.dtype, CHECK_STREAM))
+    # unconnected: None (TF cannot zero-fill Keras variables, whose dtype is a string)
+    escaped = recorded.tape.gradient(losses, list(variables), output_gradients=tf.stop_gradient(r))
+    ok = tf.constant(True)
+    for g in escaped:
+        if g is not None:
+            ok = tf.logical_and(ok, tf.reduce_all(tf.equal(tf.convert_to_tensor(g), 0)))
+    return ok
+
+
+class LayerwiseNorms(NamedTuple):
+    """What :func:`layerwise_norms` found."""
+
+    recorded: RecordedForward  # the recorded pass (persistent tape)
+    norms: tf.Tensor | None  # exact ||g_i||, [b]; None: the taps cannot be used
+    pieces: list[VariableGradient] | None  # per-variable pieces (for the released sum)
+    reason: str | None  # why the taps cannot be used
+    covered: tf.Tensor  # bool: the taps saw every use of every variable
 
 
 def layerwise_norms(
-    forward_fn: ForwardFn, variables: Sequence[Any], model: Any
-) -> tuple[RecordedForward, tf.Tensor | None, list[VariableGradient] | None, str | None]:
+    forward_fn: ForwardFn, variables: Sequence[Any], model: Any, rng: Any = None, *,
+    check: bool = True,
+) -> LayerwiseNorms:
     """Record one forward pass and compute the exact ||g_i|| layer by layer.
 
-    Returns:
-      ``(recorded, norms, pieces, reason)``: the recorded pass (persistent tape), the
-      exact per-example gradient norms of shape ``[b]``, the per-variable pieces (for
-      the released sum) and ``None``; or norms and pieces ``None`` and the reason when
-      the model cannot be handled this way (the caller falls back to exact per-example
-      gradients on the same recorded pass).
+    Returns a :class:`LayerwiseNorms`: the exact per-example gradient norms of shape
+    ``[b]``, the pieces and whether they cover every use of every variable (on a
+    pass whose tapped layers read their weights as constants: its tape must not be
+    used for per-example gradients); or norms and pieces ``None``, the reason, and
+    a fresh pass recorded without taps, on which the caller falls back to exact
+    per-example gradients. ``check=False`` skips the coverage check (benchmarks
+    measure what it costs).
     """
     reason = layerwise_unsupported(model, variables)
     if reason is not None:
-        return record_forward(forward_fn, persistent=True), None, None, reason
-    taps = LayerTaps(model, variables)
-    with taps:
-        recorded = record_forward(forward_fn, persistent=True)
-    pieces = taps.variable_gradients(recorded)
-    if pieces is None:
-        return recorded, None, None, taps.failure
+        return LayerwiseNorms(record_forward(forward_fn, persistent=True), None, None, reason, tf.constant(False))
+    with tf.GradientTape(persistent=True) as tape:
+        taps = LayerTaps(model, variables, tape)
+        with taps:
+            forward = forward_fn()
+    check_forward(forward)
+    recorded = RecordedForward(tape=tape, forward=forward)
+    pieces, covered = taps.variable_gradients(recorded, step_randomness(rng) if check else None)
+    if pieces is None:  # this pass's tape lacks the tapped uses: record another
+        return LayerwiseNorms(record_forward(forward_fn, persistent=True), None, None, taps.failure, tf.constant(False))
     losses = recorded.forward.per_example_losses
     squared = tf.zeros_like(losses)
     for vg in pieces:
         squared = squared + tf.cast(vg.squared_norms(), losses.dtype)
-    return recorded, tf.sqrt(squared), pieces, None
+    return LayerwiseNorms(recorded, tf.sqrt(squared), pieces, None, covered)
 
 
 def reconstructed_sum(
@@ -230,27 +299,3 @@ def reconstructed_sum(
         out.append(tf.zeros(tuple(v.shape), v.dtype) if vg is None
                    else tf.cast(vg.weighted_sum(weights, keep), v.dtype))
     return out
-
-
-def reconcile(
-    recorded: RecordedForward,
-    variables: Sequence[Any],
-    reconstructed: Sequence[tf.Tensor],
-    weights: tf.Tensor,
-) -> tf.Tensor:
-    """True iff, for every variable, the taps' sum_i w_i G_i equals the tape's gradient of
-    sum_i w_i l_i on the same recorded pass (within ``RECONCILE_RTOL``).
-
-    The tape sees every use of every variable, the taps only the uses inside their
-    layers' calls; equality proves that nothing escaped them at this step.
-    """
-    losses = recorded.forward.per_example_losses
-    w = tf.stop_gradient(tf.cast(weights, losses.dtype))
-    truth = recorded.tape.gradient(losses, list(variables), output_gradients=w, unconnected_gradients=ZERO)
-    ok = tf.constant(True)
-    for mine, true in zip(reconstructed, truth):
-        true = tf.cast(tf.convert_to_tensor(true), mine.dtype)
-        diff = tf.norm(tf.reshape(mine - true, (-1,)))
-        scale = tf.norm(tf.reshape(mine, (-1,))) + tf.norm(tf.reshape(true, (-1,)))
-        ok = tf.logical_and(ok, diff <= RECONCILE_RTOL * scale + tf.cast(1e-30, mine.dtype))
-    return ok

@@ -65,11 +65,14 @@ def test_explicit_seeds_warn_and_public_functions_refuse_ints() -> None:
 
 
 def _tied_embedding_model(vocab: int = 12, dim: int = 4) -> keras.Model:
-    """Functional model whose output projection reads the embedding table through keras.ops."""
+    """Functional model whose output projection reads the embedding table through keras.ops.
+
+    (Written with einsum on the variable itself: ``ops.transpose(embeddings)`` would be
+    evaluated once when the model is built, a constant that no gradient reaches.)"""
     tokens = keras.Input((3,), dtype="int32")
     embedding = keras.layers.Embedding(vocab, dim)
     hidden = keras.layers.Dense(dim, activation="tanh")(keras.layers.GlobalAveragePooling1D()(embedding(tokens)))
-    logits = keras.ops.matmul(hidden, keras.ops.transpose(embedding.embeddings))
+    logits = keras.ops.einsum("bd,vd->bv", hidden, embedding.embeddings)
     return keras.Model(tokens, logits)
 
 
@@ -268,3 +271,43 @@ def test_mirrored_strategy_adds_the_noise_exactly_once(method: str) -> None:
     assert result["replicas"] == 2
     assert abs(result["std"] / result["target"] - 1.0) < 6 / np.sqrt(2 * result["size"])
     assert result["steps"] == 1 and result["rate"] == 8 / 64
+
+
+def _cancelling_escape_model() -> keras.Model:
+    """A Dense layer on x[:, :2] whose kernel is also read through keras.ops on
+    z = x[:, 2:]: with a loss linear in the output, the part of example i's gradient
+    that the taps miss is z_i, and the batch below has sum_i z_i = 0."""
+    x = keras.Input((4,))
+    dense = keras.layers.Dense(1, use_bias=False)
+    return keras.Model(x, dense(x[:, :2]) + keras.ops.matmul(x[:, 2:], dense.kernel))
+
+
+def test_coverage_check_sees_a_miss_that_cancels_across_the_batch() -> None:
+    """The tape's gradient of the missed uses with equal weights sums to exactly 0 on
+    this model and batch, so a check with weights 1 would pass and the released sum
+    would not be the model's gradient; the random weights r_i catch it."""
+    from fdp_tf.layerwise import layerwise_norms
+
+    model = _cancelling_escape_model()
+    x = np.array([[1.0, 0.3, 1.0, 2.0], [-1.0, 0.3, -1.0, -2.0], [1.0, -0.7, 0.5, -1.0],
+                  [-1.0, -0.7, -0.5, 1.0]], "float32")
+
+    def linear_loss():
+        out = model(x)
+        return fdp_tf.ForwardPass(out[:, 0], None, out)
+
+    variables = model.trainable_variables
+    found = layerwise_norms(linear_loss, variables, model)
+    assert found.reason is None and not bool(found.covered)
+    # with weights 1 the missed uses cancel exactly: that check would be fooled
+    escaped = found.recorded.tape.gradient(found.recorded.forward.per_example_losses, variables)
+    assert all(np.all(tf.convert_to_tensor(g).numpy() == 0) for g in escaped if g is not None)
+    assert any(g is not None for g in escaped)
+    # and the private gradient falls back to exact per-example gradients
+    result = fdp_tf.vanilla_private_gradient(
+        linear_loss, variables, l2_norm_clip=1e6, noise_multiplier=0.0, expected_batch_size=4,
+        per_example_method="layerwise", model=model,
+    )
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(model(x)[:, 0]) / 4
+    np.testing.assert_allclose(flat(result.gradients), flat(tape.gradient(total, variables)), rtol=1e-5)

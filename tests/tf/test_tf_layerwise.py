@@ -86,10 +86,11 @@ def test_layerwise_norms_equal_loop(name: str) -> None:
     model = MODELS[name]()
     x, y = _data(name)
     assert layerwise_unsupported(model) is None
-    recorded, norms, _, reason = layerwise_norms(
+    recorded, norms, _, reason, covered = layerwise_norms(
         forward_fn(model, x, y, training=False), model.trainable_variables, model
     )
     assert reason is None
+    assert bool(covered), "the coverage check must pass on a model the taps fully see"
     exact = loop_per_example_gradients(model, x, y)
     np.testing.assert_allclose(norms.numpy(), [np.linalg.norm(g) for g in exact], rtol=1e-4)
     # The recorded pass (RNNs run with the projection outside the loop) is the model's output.
