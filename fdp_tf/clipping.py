@@ -113,6 +113,7 @@ def release(
     noise_multiplier: float,
     expected_batch_size: int,
     rng: Any,
+    fallbacks: tf.Tensor | None = None,
 ) -> PrivateGradient:
     """g~ = clipped sum / B + N(0, (sigma C / B)^2 I): what leaves the private step."""
     losses = recorded.forward.per_example_losses
@@ -120,5 +121,5 @@ def release(
     if noise_multiplier > 0:
         grads = add_gaussian_noise(grads, noise_multiplier * l2_norm_clip / expected_batch_size, rng)
     return PrivateGradient(
-        grads, recorded.forward, norms, factors, dropped_count(factors, norms, losses)
+        grads, recorded.forward, norms, factors, dropped_count(factors, norms, losses), fallbacks
     )

@@ -65,6 +65,9 @@ class PrivateGradient:
       clip_factors: c_i = min(1, C / M_i), shape ``[b]``; 0 for an example whose
         loss or norm is not finite (it is dropped, see :func:`fdp_tf.clip_factors`).
       dropped: number of examples dropped that way (int32 scalar).
+      fallbacks: 1 if a layer-wise step found a weight read outside its layer and
+        used exact per-example gradients of a fresh pass instead, else 0 (int32
+        scalar; ``None`` for the other methods).
     """
 
     gradients: list[tf.Tensor]
@@ -72,6 +75,7 @@ class PrivateGradient:
     norms: tf.Tensor
     clip_factors: tf.Tensor
     dropped: tf.Tensor | None = None
+    fallbacks: tf.Tensor | None = None
 
 
 ForwardFn = Callable[[], ForwardPass]

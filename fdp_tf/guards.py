@@ -15,6 +15,7 @@ that also releases data another way breaks the guarantee:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import keras
@@ -22,7 +23,7 @@ import numpy as np
 
 from fdp_tf.introspection import iter_layers
 
-__all__ = ["NonTrainableWatch", "refuse_unsupported_layers"]
+__all__ = ["NonTrainableWatch", "ReportFallbacks", "WatchFirstStep", "refuse_unsupported_layers"]
 
 
 def refuse_unsupported_layers(model: Any) -> None:
@@ -82,3 +83,62 @@ class NonTrainableWatch:
             "restored). Remove the layer, or make it update nothing in training mode "
             "(e.g. LayerNormalization instead of a running normalisation)."
         )
+
+
+class WatchFirstStep(keras.callbacks.Callback):
+    """Runs :class:`NonTrainableWatch` after the first training step."""
+
+    def __init__(self, watch: NonTrainableWatch) -> None:
+        super().__init__()
+        self.watch = watch
+        self.done = False
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self.done:
+            self.done = True
+            self.watch.check()
+
+
+class ReportFallbacks(keras.callbacks.Callback):
+    """Warns after ``fit`` if layer-wise steps fell back to per-example gradients.
+
+    Such a step is exact and private, only slower: some weight is read outside its
+    own layer's call (e.g. a tied embedding used through ``keras.ops``), so the
+    layer taps could not give the model's gradient. The count is a metric summed
+    over the epoch, read once per epoch before Keras resets it (the validation of
+    the epoch resets it right after ``on_test_begin``).
+    """
+
+    def __init__(self, tracker: Any) -> None:
+        super().__init__()
+        self.tracker, self.total, self.steps, self.pending = tracker, 0, 0, False
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.pending = True
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.steps += 1
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        self._collect()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._collect()
+
+    def _collect(self) -> None:
+        if self.pending:
+            self.pending = False
+            self.total += int(round(float(keras.ops.convert_to_numpy(self.tracker.result()))))
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self.total:
+            warnings.warn(
+                f"{self.total} of {self.steps} layer-wise steps fell back to exact per-example "
+                "gradients (a weight is read outside its own layer's call, e.g. tied weights "
+                "through keras.ops, so the layer taps cannot give the model's gradient). The "
+                "steps are exact and private, only slower; per_example_method='vectorized' or "
+                "'loop' skips the layer taps",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+

@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from fdp_tf.forward import ForwardPass
-from fdp_tf.guards import NonTrainableWatch, refuse_unsupported_layers
+from fdp_tf.guards import NonTrainableWatch, ReportFallbacks, WatchFirstStep, refuse_unsupported_layers
 from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, PrivacyLedger, Segment, empty_table, table_with
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
 from fdp_tf.optimizers import DPOptimizer
@@ -74,6 +74,8 @@ class PrivateModel(keras.Model):
         self.base_model = model
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.dropped_tracker = keras.metrics.Sum(name="dropped_examples")
+        # layer-wise steps that fell back to per-example gradients (warned after fit)
+        self.fallback_tracker = keras.metrics.Sum(name="layerwise_fallbacks")
         # the ledger: one row per segment (kind, sigma, r, rate, steps); saved as a weight
         self.dp_ledger = self.add_weight(
             shape=(MAX_SEGMENTS, FIELDS), dtype="float64", trainable=False, name="dp_ledger",
@@ -214,6 +216,8 @@ class PrivateModel(keras.Model):
             grads, forward = result.gradients, result.forward
             if result.dropped is not None:
                 self.dropped_tracker.update_state(tf.cast(result.dropped, "float32"))
+            if result.fallbacks is not None:
+                self.fallback_tracker.update_state(tf.cast(result.fallbacks, "float32"))
         else:
             with tf.GradientTape() as tape:
                 forward = self.forward_pass(x, y, sample_weight)
@@ -224,7 +228,9 @@ class PrivateModel(keras.Model):
         optimizer.apply_gradients(zip(grads, variables))
         self._count_step()
         self._track_loss(forward)
-        return self.compute_metrics(x, y, forward.outputs, sample_weight=sample_weight)
+        logs = self.compute_metrics(x, y, forward.outputs, sample_weight=sample_weight)
+        logs.pop(self.fallback_tracker.name, None)  # reported by ReportFallbacks instead
+        return logs
 
     def _forward_on_rows(self, keep: tf.Tensor, x: Any, y: Any, sample_weight: Any) -> ForwardPass:
         pick = lambda t: None if t is None else tf.boolean_mask(t, keep)  # noqa: E731
@@ -245,7 +251,8 @@ class PrivateModel(keras.Model):
         losses = self.per_example_loss(y, y_pred, sample_weight)
         self._track_loss(ForwardPass(losses, self._regularization(), y_pred))
         result = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        result.pop(self.dropped_tracker.name, None)  # a training-only count
+        result.pop(self.dropped_tracker.name, None)  # training-only counts
+        result.pop(self.fallback_tracker.name, None)
         return result
 
     def _track_loss(self, forward: ForwardPass) -> None:
@@ -300,7 +307,9 @@ class PrivateModel(keras.Model):
         watch = NonTrainableWatch(self.base_model) if isinstance(optimizer, DPOptimizer) else None
         callbacks = list(kwargs.pop("callbacks", None) or [])
         if watch is not None and watch.variables:
-            callbacks.append(_WatchFirstStep(watch))
+            callbacks.append(WatchFirstStep(watch))
+        if watch is not None:
+            callbacks.append(ReportFallbacks(self.fallback_tracker))
         return super().fit(x, y, batch_size, *args, callbacks=callbacks, **kwargs)
 
     def open_segment(self, sampling: PoissonSampling) -> None:
@@ -354,20 +363,6 @@ class PrivateModel(keras.Model):
             SamplingWarning,
             stacklevel=4,
         )
-
-
-class _WatchFirstStep(keras.callbacks.Callback):
-    """Runs :class:`fdp_tf.guards.NonTrainableWatch` after the first training step."""
-
-    def __init__(self, watch: NonTrainableWatch) -> None:
-        super().__init__()
-        self.watch = watch
-        self.done = False
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if not self.done:
-            self.done = True
-            self.watch.check()
 
 
 def make_private(

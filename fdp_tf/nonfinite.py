@@ -39,20 +39,25 @@ def without_nonfinite_examples(
     keep = tf.math.is_finite(losses)
     finite = tf.reduce_all(keep)
 
-    def first() -> tuple[list[tf.Tensor], tf.Tensor]:
-        return list(result.gradients), tf.cast(result.dropped, tf.int32)
+    def first() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+        return list(result.gradients), tf.cast(result.dropped, tf.int32), _fallbacks(result)
 
-    def again() -> tuple[list[tf.Tensor], tf.Tensor]:
+    def again() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
         retry = rerun(keep)
-        return list(retry.gradients), tf.cast(retry.dropped, tf.int32) + tf.reduce_sum(
-            tf.cast(tf.logical_not(keep), tf.int32))
+        dropped = tf.cast(retry.dropped, tf.int32) + tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int32))
+        return list(retry.gradients), dropped, _fallbacks(retry)
 
     if tf.executing_eagerly():
-        grads, dropped = first() if bool(finite) else again()
+        grads, dropped, fallbacks = first() if bool(finite) else again()
     else:
-        grads, dropped = tf.cond(finite, first, again)
+        grads, dropped, fallbacks = tf.cond(finite, first, again)
     for g in grads:
         tf.debugging.assert_all_finite(
             g, "the private gradient is not finite even without the examples whose loss "
                "is not finite: the model overflows on finite inputs; scale the inputs")
-    return PrivateGradient(grads, result.forward, result.norms, result.clip_factors, dropped)
+    return PrivateGradient(grads, result.forward, result.norms, result.clip_factors, dropped,
+                           None if result.fallbacks is None else fallbacks)
+
+
+def _fallbacks(result: PrivateGradient) -> tf.Tensor:
+    return tf.zeros([], tf.int32) if result.fallbacks is None else tf.cast(result.fallbacks, tf.int32)

@@ -159,6 +159,7 @@ def vanilla_private_gradient(
                 _with_regularization(clipped, recorded, variables), recorded, norms, factors,
                 l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
                 expected_batch_size=batch, rng=draws,
+                fallbacks=tf.cast(tf.logical_not(covered), tf.int32),
             )
         vectorized = not looped_rnn_layers(model)
         warnings.warn(

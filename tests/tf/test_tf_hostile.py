@@ -251,6 +251,16 @@ def test_jvp_auto_handles_a_loop_it_cannot_see() -> None:
 
 @pytest.mark.parametrize("method", ["vanilla", "jl"])
 def test_mirrored_strategy_adds_the_noise_exactly_once(method: str) -> None:
+    _check_distributed_noise(method, "mirrored", replicas=2)
+
+
+def test_multi_worker_strategy_runs_the_same_path() -> None:
+    """MultiWorkerMirroredStrategy as one worker (no TF_CONFIG): collective ops, the same
+    private step; the noise is added once at the target std and the ledger is right."""
+    _check_distributed_noise("vanilla", "multiworker", replicas=1)
+
+
+def _check_distributed_noise(method: str, strategy: str, replicas: int) -> None:
     """Two replicas added the same noise and Keras summed it: std 2.0x the target.
 
     The update of a zero-gradient model is pure noise; its sample std over m = 20,000
@@ -264,11 +274,11 @@ def test_mirrored_strategy_adds_the_noise_exactly_once(method: str) -> None:
 
     script = Path(__file__).parent / "scripts" / "mirrored_noise.py"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-    proc = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = subprocess.run([sys.executable, str(script), method, strategy], capture_output=True,
+                          text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["replicas"] == 2
+    assert result["replicas"] == replicas
     assert abs(result["std"] / result["target"] - 1.0) < 6 / np.sqrt(2 * result["size"])
     assert result["steps"] == 1 and result["rate"] == 8 / 64
 
@@ -311,3 +321,79 @@ def test_coverage_check_sees_a_miss_that_cancels_across_the_batch() -> None:
     with tf.GradientTape() as tape:
         total = tf.reduce_sum(model(x)[:, 0]) / 4
     np.testing.assert_allclose(flat(result.gradients), flat(tape.gradient(total, variables)), rtol=1e-5)
+
+
+def test_fit_falls_back_to_the_model_gradient_when_a_weight_escapes_the_taps() -> None:
+    """Inside fit (a traced train step) the coverage check sees the tied output
+    projection and the step uses exact per-example gradients of a fresh pass: with
+    sigma = 0, a huge C and every example in the batch (p = 1), one SGD step moves the
+    weights by exactly -lr times the mean gradient, escaped use included; fit warns
+    that the step fell back (counted before the validation resets the metrics)."""
+    model = _tied_embedding_model()
+    x = np.random.default_rng(0).integers(0, 12, size=(8, 3)).astype("int32")
+    y = np.random.default_rng(1).integers(0, 12, size=8).astype("int32")
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    with tf.GradientTape() as tape:
+        mean_loss = tf.reduce_mean(CE(y, model(x)))
+    expected = [b - 0.5 * g.numpy() for b, g in zip(before, tape.gradient(mean_loss, model.trainable_variables))]
+    private = fdp_tf.make_private(
+        model, optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1e6, noise_multiplier=0.0, learning_rate=0.5), loss=CE)
+    assert private.optimizer.resolve_per_example_method(model) == "layerwise"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fdp_tf.NotPrivateWarning)
+        with pytest.warns(RuntimeWarning, match="1 of 1 layer-wise steps fell back"):
+            private.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=8, steps_per_epoch=1, seed=0),
+                        epochs=1, verbose=0, validation_data=(x, y))
+    for got, want in zip(model.trainable_variables, expected):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_backup_and_restore_and_model_checkpoint_keep_the_ledger(tmp_path) -> None:
+    """A run interrupted after its second epoch and resumed by BackupAndRestore ends with
+    the ledger (and epsilon) of the uninterrupted run; a ModelCheckpoint file carries
+    the ledger of its epoch."""
+
+    class StopAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise KeyboardInterrupt  # as a pre-empted job would stop
+
+    x, y = dense_data(n=64)
+
+    def fresh() -> fdp_tf.PrivateModel:
+        model = fdp_tf.make_private(
+            dense_model(), optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0), loss=CE)
+        model.build((None, 5))  # BackupAndRestore restores into a built model
+        return model
+
+    def data():
+        return fdp_tf.poisson_batches(x, y, expected_batch_size=16)  # 4 steps per epoch
+
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch{epoch}.keras"))
+    with pytest.raises(KeyboardInterrupt):
+        fresh().fit(data(), epochs=4, verbose=0, callbacks=[backup, checkpoint, StopAt()])
+    resumed = fresh()
+    resumed.fit(data(), epochs=4, verbose=0, callbacks=[backup])
+    whole = fresh()
+    whole.fit(data(), epochs=4, verbose=0)
+    assert resumed.ledger == whole.ledger == fdp_tf.PrivacyLedger((fdp_tf.Segment("gaussian", 1.0, 0, 0.25, 16),))
+    assert resumed.epsilon(DELTA) == whole.epsilon(DELTA)
+    second = keras.models.load_model(tmp_path / "epoch2.keras")
+    assert second.ledger.segments == (fdp_tf.Segment("gaussian", 1.0, 0, 0.25, 8),)
+
+
+@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs a GPU: where a private step runs")
+@pytest.mark.parametrize("kind", ["jl", "layerwise"])
+def test_a_gpu_is_not_forced_to_the_cpu(kind: str) -> None:
+    """With a GPU, the released gradient (clipped sum plus noise) is computed on it."""
+    model = dense_model()
+    x, y = dense_data(n=16)
+    args = dict(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=16)
+    if kind == "jl":
+        result = fdp_tf.jl_private_gradient(forward_fn(model, x, y), model.trainable_variables,
+                                            jl_projections=2, **args)
+    else:
+        result = fdp_tf.vanilla_private_gradient(forward_fn(model, x, y), model.trainable_variables,
+                                                 per_example_method="layerwise", model=model, **args)
+    assert all("GPU" in g.device for g in result.gradients), [g.device for g in result.gradients]

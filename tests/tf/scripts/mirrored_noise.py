@@ -1,5 +1,11 @@
-"""One private step under MirroredStrategy on two logical CPUs; prints JSON with the
-measured std of the update of a zero-gradient model and the ledger (run by a test)."""
+"""One private step under tf.distribute; prints JSON with the measured std of the
+update of a zero-gradient model and the ledger (run by a test).
+
+    python mirrored_noise.py {vanilla,jl} [mirrored|multiworker]
+
+mirrored: MirroredStrategy on two logical CPUs. multiworker:
+MultiWorkerMirroredStrategy as one worker (no TF_CONFIG), the same code path with
+collective ops."""
 
 import json
 import os
@@ -19,6 +25,7 @@ import numpy as np
 import fdp_tf
 
 method = sys.argv[1]
+kind = sys.argv[2] if len(sys.argv) > 2 else "mirrored"
 sigma, clip, batch, n = 2.0, 0.5, 8, 64
 
 
@@ -26,7 +33,10 @@ def zero_loss(y_true, y_pred):
     return 0.0 * tf.reduce_sum(y_pred, axis=1) + 0.0 * tf.cast(y_true, y_pred.dtype)
 
 
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+if kind == "multiworker":
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+else:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
     inner = keras.Sequential([keras.Input((10,)), keras.layers.Dense(2000, use_bias=False)])
     dp = dict(l2_norm_clip=clip, noise_multiplier=sigma, learning_rate=1.0, expected_batch_size=batch)
