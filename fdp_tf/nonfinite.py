@@ -39,23 +39,31 @@ def without_nonfinite_examples(
     keep = tf.math.is_finite(losses)
     finite = tf.reduce_all(keep)
 
-    def first() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
-        return list(result.gradients), tf.cast(result.dropped, tf.int32), _fallbacks(result)
+    def first() -> tuple:
+        return (list(result.gradients), tf.cast(result.dropped, tf.int32), _fallbacks(result),
+                result.norms, result.clip_factors)
 
-    def again() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+    def again() -> tuple:
         retry = rerun(keep)
         dropped = tf.cast(retry.dropped, tf.int32) + tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int32))
-        return list(retry.gradients), dropped, _fallbacks(retry)
+        # the retry's norms and factors, back at their rows of the whole batch: a dropped
+        # row has norm NaN (none was computed) and factor 0
+        rows = tf.cast(tf.where(keep), tf.int32)
+        norms = tf.tensor_scatter_nd_update(
+            tf.fill(tf.shape(keep), tf.constant(float("nan"), result.norms.dtype)), rows,
+            tf.cast(retry.norms, result.norms.dtype))
+        factors = tf.scatter_nd(rows, tf.cast(retry.clip_factors, result.clip_factors.dtype), tf.shape(keep))
+        return list(retry.gradients), dropped, _fallbacks(retry), norms, factors
 
     if tf.executing_eagerly():
-        grads, dropped, fallbacks = first() if bool(finite) else again()
+        grads, dropped, fallbacks, norms, factors = first() if bool(finite) else again()
     else:
-        grads, dropped, fallbacks = tf.cond(finite, first, again)
+        grads, dropped, fallbacks, norms, factors = tf.cond(finite, first, again)
     for g in grads:
         tf.debugging.assert_all_finite(
             g, "the private gradient is not finite even without the examples whose loss "
                "is not finite: the model overflows on finite inputs; scale the inputs")
-    return PrivateGradient(grads, result.forward, result.norms, result.clip_factors, dropped,
+    return PrivateGradient(grads, result.forward, norms, factors, dropped,
                            None if result.fallbacks is None else fallbacks)
 
 

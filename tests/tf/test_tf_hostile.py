@@ -397,3 +397,27 @@ def test_a_gpu_is_not_forced_to_the_cpu(kind: str) -> None:
         result = fdp_tf.vanilla_private_gradient(forward_fn(model, x, y), model.trainable_variables,
                                                  per_example_method="layerwise", model=model, **args)
     assert all("GPU" in g.device for g in result.gradients), [g.device for g in result.gradients]
+
+
+def test_after_a_rerun_norms_and_clip_factors_belong_to_the_rerun() -> None:
+    """The rerun on the finite rows used to report the first pass's norms (NaN for
+    every row); now each kept row has the rerun's exact norm, the dropped row NaN
+    and clip factor 0."""
+    model = dense_model()
+    x, y = dense_data(n=6)
+    x[2] = np.nan
+    optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=0.1, noise_multiplier=1.0, expected_batch_size=6,
+                                    per_example_method="loop")
+
+    def on_rows(keep):
+        return forward_fn(model, tf.boolean_mask(x, keep), tf.boolean_mask(y, keep), training=False)()
+
+    result = optimizer.compute_private_gradients(
+        forward_fn(model, x, y, training=False), model.trainable_variables, model=model,
+        forward_on_rows=on_rows)
+    kept = [i for i in range(6) if i != 2]
+    exact = [np.linalg.norm(g) for g in loop_per_example_gradients(model, x[kept], y[kept])]
+    norms, factors = result.norms.numpy(), result.clip_factors.numpy()
+    np.testing.assert_allclose(norms[kept], exact, rtol=1e-4)
+    np.testing.assert_allclose(factors[kept], np.minimum(1.0, 0.1 / np.array(exact)), rtol=1e-4)
+    assert np.isnan(norms[2]) and factors[2] == 0.0 and int(result.dropped) == 1
