@@ -41,7 +41,6 @@ enter delta (:func:`delta_error_weight`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 

@@ -1,0 +1,198 @@
+"""Certified cells of the Z+ / Z- mixtures: the partition of Z and the loss cells.
+
+See the package docstring ("Certified cells") for why the Z+ mixture dominates the
+mechanism and the Z- mixture is dominated by it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from fdp._kernels.chi2 import mixture_cells
+from fdp.mechanisms.random_sensitivity.laws import ZLaw
+from fdp.mechanisms.random_sensitivity.quadrature import Q_END
+from fdp.pld.cells import Direction, Grid, LossCells
+
+__all__ = ["ETA_REL", "X_CUT", "cached_cells", "components", "partition", "z_cells"]
+
+#: Components' noise values are evaluated within X_CUT of their mean; the rest
+#: (<= 2 Phi(-X_CUT) ~ 1e-25 of each component) is placed on the safe side.
+X_CUT = 10.5
+#: Components are coarsened to blocks of width <= ETA_LOSS[pessimistic] * (their
+#: typical loss): the pessimistic side splits each block onto its ends (error
+#: second order in the width), the optimistic side rounds a merged atom down to
+#: the grid (first order in h), so it keeps finer blocks.
+ETA_LOSS = {True: 1e-2, False: 1e-3}
+#: Relative width of a Z-cell where mu = Z/sigma >= 1.
+ETA_REL = 0.01
+#: Budget of the proxy error sum_j w_j [D(mu_hi) - D(mu_lo)] / sum_j w_j D(mu_j).
+ETA_BULK = 0.1
+
+
+def proxy(mu: np.ndarray, p: float) -> np.ndarray:
+    """D(mu) = log(1 + p^2 (e^{mu^2} - 1)), overflow-free."""
+    m2 = np.minimum(np.asarray(mu, dtype=np.float64) ** 2, 1e300)
+    with np.errstate(over="ignore"):
+        small = np.log1p(p * p * np.expm1(np.minimum(m2, 700.0)))
+    return np.where(m2 > 700.0, m2 + 2.0 * math.log(p), small)
+
+
+def partition(law: ZLaw, sigma: float, p: float, z_top: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cell edges z_0 < ... < z_K of Z and weights w_j = P(z_j < Z <= z_{j+1}).
+
+    z_0 is the lower end of Z's support, z_K its upper end (maybe inf); z_{K-1}
+    is at most ``z_top`` (above it every component's mass is beyond the grid, or
+    its loss has saturated) and the bottom cell holds <= 1e-30 of mass.
+    """
+    z_bot = float(law.ppf(Q_END))
+    if not (z_bot > law.lower):
+        z_bot = law.lower
+    z_top = min(z_top, float(law.isf(Q_END)), law.upper)
+    if not z_top > z_bot:  # a (nearly) degenerate law
+        z_top = z_bot * (1 + 1e-12) + 1e-300
+    q = np.linspace(0.0, 1.0, 33)[1:-1]
+    tail_q = np.geomspace(Q_END, 1.0 / 32, 16)
+    inner = np.concatenate([law.ppf(q), law.ppf(tail_q), law.isf(tail_q)])
+    inner = inner[np.isfinite(inner) & (inner > z_bot) & (inner < z_top)]
+    edges = np.unique(np.concatenate([[z_bot, z_top], inner]))
+    # relative width <= ETA_REL where mu >= 1 (and z > 0): geometric refinement
+    for _ in range(64):
+        lo, hi = edges[:-1], edges[1:]
+        wide = (hi / sigma >= 1.0) & (hi > lo * (1.0 + ETA_REL))
+        if not np.any(wide):
+            break
+        lo_w, hi_w = lo[wide], hi[wide]
+        k = np.ceil(np.log(hi_w / np.maximum(lo_w, 1e-300)) / math.log1p(ETA_REL)).astype(np.int64)
+        k = np.minimum(k, 4096)
+        new = [np.geomspace(a, b, int(m) + 1)[1:-1] for a, b, m in zip(lo_w, hi_w, k) if a > 0]
+        new += [np.linspace(a, b, 3)[1:-1] for a, b in zip(lo_w, hi_w) if a <= 0]
+        edges = np.unique(np.concatenate([edges] + new))
+    # bisect the cells that dominate the proxy error
+    for _ in range(40):
+        lo, hi = edges[:-1], edges[1:]
+        w = law.mass(lo, hi)
+        d_lo, d_hi = proxy(lo / sigma, p), proxy(hi / sigma, p)
+        err = w * (d_hi - d_lo)
+        total = float(np.sum(w * 0.5 * (d_lo + d_hi)))
+        if not total > 0 or float(err.sum()) <= ETA_BULK * total:
+            break
+        order = np.argsort(err)[::-1]
+        cum = np.cumsum(err[order])
+        n_split = int(np.searchsorted(cum, 0.5 * cum[-1])) + 1
+        sel = order[:n_split]
+        mids = np.where(lo[sel] > 0, np.sqrt(lo[sel] * hi[sel]), 0.5 * (lo[sel] + hi[sel]))
+        edges = np.unique(np.concatenate([edges, mids]))
+    full = np.concatenate([[law.lower], edges, [law.upper]])
+    full = np.unique(full)  # drops duplicates when z_bot == lower or z_top == upper
+    weights = law.mass(full[:-1], full[1:])
+    # the bottom cell is [z_0, z_1], not (z_0, z_1]: an atom at the lower end of the
+    # support (and any mass below it) belongs to it
+    weights[0] = law.mass(np.array(-math.inf), np.array(full[1]))
+    return full, weights
+
+
+def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(mu_j, w_j) of the Z+ (pessimistic) or Z- (optimistic) mixture.
+
+    A discrete law is its own finite mixture: mu_j = z_j / sigma on both sides, so the
+    two bounds differ only through the grid. Atoms above ``z_top`` (their losses are
+    beyond the grid) and the mass the atoms leave out are placed on the safe side:
+    Z+ takes inf above and the first atom below, Z- takes z_top (or the last atom)
+    above and 0 below; both stay couplings (Z- <= Z <= Z+). Otherwise the cells of
+    :func:`partition`: mu_j = z_{j+1} / sigma (Z+) or z_j / sigma (Z-).
+    """
+    atoms = law.atoms()
+    if atoms is None:
+        edges, weights = partition(law, sigma, p, z_top)
+        return (edges[1:] if pessimistic else edges[:-1]) / sigma, weights
+    z, w = atoms.z.copy(), atoms.w.copy()
+    high = z > z_top
+    if pessimistic:
+        z[high] = math.inf
+        w[0] += atoms.below
+        z, w = np.append(z, math.inf), np.append(w, atoms.above)
+    else:
+        z[high] = max(z_top, float(z[~high].max(initial=0.0)))
+        z, w = np.append(z, [0.0, z[-1]]), np.append(w, [atoms.below, atoms.above])
+    return z / sigma, w
+
+
+# -------------------------------------------------------------- cells
+def add_point(p_cell, u_cell, tails, grid: Grid, ell: float, m: float) -> None:
+    """Add P-mass m at loss ell (tails = [p_left, d_left, p_right, u_right, p_inf])."""
+    if m <= 0:
+        return
+    if ell == math.inf:
+        tails[4] += m
+        return
+    pts0 = (grid.offset) * grid.h
+    k = math.ceil(ell / grid.h - 1e-12) - grid.offset - 1  # ell_k < ell <= ell_{k+1}
+    if ell <= pts0:
+        tails[0] += m
+        tails[1] += m * math.expm1(pts0 - ell)
+    elif k >= grid.n:
+        tails[2] += m
+        tails[3] += m * -math.expm1((grid.offset + grid.n) * grid.h - ell)
+    else:
+        k = max(k, 0)
+        p_cell[k] += m
+        u_cell[k] += m * max(0.0, -math.expm1((grid.offset + k) * grid.h - ell))
+
+
+def mu_top(direction: Direction, grid: Grid, p: float) -> float:
+    """mu above which a component is (up to ~1e-25) beyond the grid or saturated."""
+    saturate = 2.0 * (X_CUT + 3.0)
+    if direction is Direction.ADD and p < 1.0:
+        return saturate
+    ell_n = (grid.offset + grid.n) * grid.h
+    # mu^2/2 - X_CUT mu + log p >= ell_n + 1: the P1 part is beyond ell_n
+    c = max(ell_n + 1.0 - math.log(p), 0.0)
+    return max(saturate, X_CUT + math.sqrt(X_CUT * X_CUT + 2.0 * c))
+
+
+def z_cells(law: ZLaw, sigma: float, p: float, direction: Direction, grid: Grid,
+           pessimistic: bool) -> LossCells:
+    mus, weights = components(law, sigma, p, sigma * mu_top(direction, grid, p), pessimistic)
+    remove = direction is Direction.REMOVE
+    finite = np.isfinite(mus) & (mus > 0) & (weights > 0)
+    mf = mus[finite]
+    scale = np.maximum(0.5 * mf * mf + math.log(p), 0.25 * mf * mf)
+    strides = np.maximum(1, np.floor(np.minimum(ETA_LOSS[bool(pessimistic)] * scale / grid.h, 1e9))).astype(np.int64)
+    p_cell, u_cell, tails = mixture_cells(
+        int(grid.offset), float(grid.h), int(grid.n),
+        np.ascontiguousarray(mf), np.ascontiguousarray(weights[finite]), strides,
+        float(p), remove, bool(pessimistic), X_CUT,
+    )
+    tails = tails.copy()
+    log1mp = math.log1p(-p) if p < 1.0 else -math.inf
+    for mu, w in zip(mus[~finite], weights[~finite]):
+        if w <= 0:
+            continue
+        if mu == 0:  # mu = 0: no privacy loss
+            add_point(p_cell, u_cell, tails, grid, 0.0, float(w))
+        elif remove:  # mu = inf, remove: p at +inf, 1-p at log(1-p)
+            tails[4] += p * w
+            if p < 1.0:
+                add_point(p_cell, u_cell, tails, grid, log1mp, (1.0 - p) * w)
+        else:  # mu = inf, add: all at -log(1-p)
+            add_point(p_cell, u_cell, tails, grid, -log1mp, float(w))
+    return LossCells(
+        grid=grid,
+        p_cell=p_cell,
+        u_cell=np.minimum(np.clip(u_cell, 0.0, None), p_cell),
+        p_left=float(tails[0]),
+        d_left=max(float(tails[1]), 0.0),
+        p_right=float(tails[2]),
+        u_right=min(max(float(tails[3]), 0.0), float(tails[2])),
+        p_inf=min(float(tails[4]), 1.0),
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def cached_cells(mech: Any, direction: Direction, grid: Grid, pessimistic: bool) -> LossCells:
+    """:func:`z_cells` of a (hashable) random-sensitivity mechanism, cached."""
+    return z_cells(mech.law(), mech.noise_multiplier, mech.sampling_rate, direction, grid, pessimistic)
