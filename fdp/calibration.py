@@ -52,9 +52,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fdp._progress import Progress
-from fdp._validation import check_delta, check_integer, check_real, check_sampling_rate, format_value
+from fdp._validation import check_integer, check_real, check_sampling_rate, format_value
 from fdp.accountant import MAX_STEPS, PLDAccountant
 from fdp.mechanisms.base import Mechanism
+from fdp.pld.queries import check_certifiable_delta
 
 __all__ = [
     "calibrate_noise_multiplier",
@@ -135,7 +136,7 @@ def calibrate_noise_multiplier(
       ...     target_epsilon=2.0, delta=1e-5, steps=1000, sampling_rate=0.01)
     """
     eps_target = check_real("target_epsilon", target_epsilon, low=0.0, low_inclusive=False)
-    delta = check_delta(delta)
+    delta = check_certifiable_delta(delta)  # below its floor every probe would fail alike
     steps = check_integer("steps", steps, low=1, high=MAX_STEPS)
     tol = check_real("tolerance", tolerance, low=1e-9, high=0.5)
     if accountant is not None and not isinstance(accountant, PLDAccountant):
@@ -146,6 +147,7 @@ def calibrate_noise_multiplier(
     template = accountant if accountant is not None else PLDAccountant()
 
     cache: dict[float, float] = {}
+    failures: dict[float, str] = {}  # sigma -> why the accountant could not certify it
     bar = Progress("calibrate_noise_multiplier", progress)
     bracket = [0.0, math.inf]  # largest sigma seen to miss, smallest seen to meet
 
@@ -164,10 +166,11 @@ def calibrate_noise_multiplier(
                 with warnings.catch_warnings():  # probing sigmas far off the answer is expected
                     warnings.simplefilter("ignore", UserWarning)
                     cache[sigma] = float(acc.get_epsilon(delta))
-            except ValueError:
+            except ValueError as err:
                 # the accountant cannot certify this sigma (e.g. a loss range too
                 # wide for its grid): treat it as missing the target (safe side)
                 cache[sigma] = math.inf
+                failures[sigma] = str(err)
             if cache[sigma] <= eps_target:
                 bracket[1] = min(bracket[1], sigma)
             else:
@@ -180,13 +183,13 @@ def calibrate_noise_multiplier(
         return eps_up(sigma) <= eps_target
 
     try:
-        return _search(meets, eps_up, eps_target, delta, steps, p, tol)
+        return _search(meets, eps_up, eps_target, delta, steps, p, tol, failures)
     finally:
         bar.close()
 
 
 def _search(meets: Callable[[float], bool], eps_up: Callable[[float], float], eps_target: float,
-            delta: float, steps: int, p: float, tol: float) -> float:
+            delta: float, steps: int, p: float, tol: float, failures: dict[float, str]) -> float:
     """Bracket [lo, hi] with meets(hi) and not meets(lo), then bisect in log sigma."""
     # ---- bracket [lo, hi] with meets(hi) and not meets(lo)
     s0 = min(max(_initial_guess(eps_target, delta, steps, p), MIN_NOISE_MULTIPLIER), MAX_NOISE_MULTIPLIER)
@@ -211,10 +214,16 @@ def _search(meets: Callable[[float], bool], eps_up: Callable[[float], float], ep
         lo = s0
         while True:
             if lo >= MAX_NOISE_MULTIPLIER:
+                eps_max = eps_up(MAX_NOISE_MULTIPLIER)
+                if MAX_NOISE_MULTIPLIER in failures:
+                    raise ValueError(
+                        f"cannot calibrate: the accountant could not certify noise_multiplier="
+                        f"{MAX_NOISE_MULTIPLIER:g} ({failures[MAX_NOISE_MULTIPLIER]})"
+                    )
                 raise ValueError(
                     f"target_epsilon={format_value(eps_target)} is unreachable at delta={delta:g} "
                     f"with steps={steps}: even noise_multiplier={MAX_NOISE_MULTIPLIER:g} gives a "
-                    f"certified epsilon of {eps_up(MAX_NOISE_MULTIPLIER):.6g}. Raise target_epsilon "
+                    f"certified epsilon of {eps_max:.6g}. Raise target_epsilon "
                     "or delta, or reduce steps or the sampling rate"
                 )
             hi = min(lo * factor, MAX_NOISE_MULTIPLIER)

@@ -177,3 +177,54 @@ def test_warning_points_at_the_caller():
     with pytest.warns(UserWarning, match="already met") as record:
         fdp.calibrate_noise_multiplier(target_epsilon=1e6, delta=0.5, steps=1, sampling_rate=1e-6)
     assert record[0].filename == __file__
+
+
+def _mu_gdp_sigma(target: float, delta: float, steps: int) -> float:
+    """sigma with delta(target; mu = sqrt(T)/sigma) = delta exactly, in mpmath (50 digits):
+    float64 differences of Phi lose the tiny deltas."""
+    import mpmath as mp
+
+    mp.mp.dps = 50
+
+    def log_gap(log_mu):
+        mu = mp.e ** log_mu
+        d = mp.ncdf(-target / mu + mu / 2) - mp.e ** target * mp.ncdf(-target / mu - mu / 2)
+        return mp.log(d) - mp.log(delta)
+
+    lo, hi = mp.mpf(-6), mp.mpf(6)  # log_gap increases in log mu: bisection
+    assert log_gap(lo) < 0 < log_gap(hi)
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if log_gap(mid) < 0 else (lo, mid)
+    return float(mp.sqrt(steps) / mp.e ** ((lo + hi) / 2))
+
+
+@pytest.mark.parametrize(("target", "delta", "steps"), [(2.0, 1e-12, 100), (8.0, 1e-30, 100), (10.0, 1e-100, 100)])
+def test_tiny_delta_matches_the_closed_form(target, delta, steps):
+    """At delta = 1e-30 the search used to call a reachable target unreachable (every
+    probe refused by the accountant counted as a miss); now it finds the mu-GDP sigma."""
+    sigma_exact = _mu_gdp_sigma(target, delta, steps)
+    tol = 1e-3
+    sigma = fdp.calibrate_noise_multiplier(target_epsilon=target, delta=delta, steps=steps,
+                                           sampling_rate=1.0, tolerance=tol)
+    assert sigma_exact * (1.0 - 1e-9) <= sigma <= sigma_exact * (1.0 + tol + 2e-3)
+
+
+def test_tiny_delta_subsampled_meets_and_is_minimal():
+    target, delta, steps, p, tol = 3.0, 1e-30, 1000, 0.01, 1e-3
+    sigma = fdp.calibrate_noise_multiplier(target_epsilon=target, delta=delta, steps=steps,
+                                           sampling_rate=p, tolerance=tol)
+    assert _eps_up(fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p), steps, delta) <= target
+    assert _eps_up(fdp.Gaussian(noise_multiplier=sigma * (1 - tol), sampling_rate=p), steps, delta) > target
+
+
+def test_certified_epsilon_is_monotone_in_sigma_at_tiny_delta():
+    """What the bisection relies on: the probed upper bound never rises with sigma."""
+    sigmas = np.geomspace(1.6, 1.75, 12)
+    eps = [_eps_up(fdp.Gaussian(noise_multiplier=s, sampling_rate=0.01), 1000, 1e-30) for s in sigmas]
+    assert all(b < a for a, b in zip(eps, eps[1:]))
+
+
+def test_delta_below_the_accountants_floor_is_refused_up_front():
+    with pytest.raises(ValueError, match="smallest delta the accountant certifies"):
+        fdp.calibrate_noise_multiplier(target_epsilon=1.0, delta=1e-300, steps=10, sampling_rate=1.0)
