@@ -320,19 +320,21 @@ class PLDAccountant:
         return self._side(Direction(direction), bool(pessimistic), tail_mass)
 
     def tradeoff(self):
-        """The composed g = min{f, f^-1}** as a TradeoffCurve (pessimistic side).
+        """The composed g = min{f, f^-1}** as a TradeoffCurve, a certified lower bound.
 
-        f is the tradeoff curve of the remove direction's composed pessimistic PLD,
-        f^-1 that of the add direction; both are exact piecewise-linear curves of
-        dominating discrete pairs, so g lies below the true curve.
+        f is the envelope of the lines 1 - delta_R(eps) - e^eps alpha over the grid
+        losses eps of the remove direction's composed pessimistic PLD, with
+        delta_R its certified upper bound (round-off charges included); f^-1 the
+        same for the add direction, inverted. Each line lies below the true
+        curve, so g does (:func:`fdp.tradeoff.epsilon_delta.profile_envelope`).
         """
-        from fdp.tradeoff import PiecewiseLinearCurve
+        from fdp.tradeoff.epsilon_delta import profile_envelope
 
         self._require_events()
         curves = []
         for d in self._directions():
             pld = self.composed_pld(d, pessimistic=True)
-            curve = PiecewiseLinearCurve.from_privacy_loss_atoms(pld.losses, pld.pmf, p_inf=pld.p_inf)
+            curve = profile_envelope(*pld.profile_on_grid())
             curves.append(curve if d is Direction.REMOVE else curve.inverse())
         if len(curves) == 1:
             return curves[0].symmetrized()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 
 import mpmath
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 import fdp
@@ -62,6 +65,53 @@ def test_tradeoff_of_a_plain_gaussian_composition_is_a_valid_curve():
         # a lower bound on the Gaussian tradeoff curve G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)
         exact = float(stats.norm.cdf(stats.norm.isf(alpha) - mu))
         assert 0.0 <= float(curve(alpha)) <= exact + 1e-9
+
+
+def test_tradeoff_with_fft_noise_in_the_left_tail_is_a_valid_curve():
+    """sigma = 0.6033, p = 0.01, T = 665 raised "Q-masses sum to 1.00000005 > 1": the
+    curve was built from the composed atoms, whose FFT noise at losses near -20 is
+    multiplied by e^20 in the Q-masses. It is now the envelope of the lines
+    1 - delta_hi(eps) - e^eps alpha of the certified profile: valid by construction."""
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=0.6033, sampling_rate=0.01), 665)
+    curve = acc.tradeoff()
+    alpha = np.linspace(0.0, 1.0, 201)
+    beta = curve(alpha)
+    assert np.all((beta >= 0.0) & (beta <= 1.0 - alpha + 1e-15)) and np.all(np.diff(beta) <= 0.0)
+    # the delta the curve implies (its conjugate) is an upper bound: above the certified
+    # lower bound on the truth, and close to the certified upper bound
+    for eps in (0.5, 1.0, 2.0):
+        lo, hi = acc.get_delta_bounds(eps)
+        implied = float(curve.delta(eps))
+        assert lo <= implied <= hi * (1 + 2e-3)
+
+
+@given(sigma=st.floats(0.5, 5.0), steps=st.integers(1, 2000), p=st.sampled_from([1.0, 0.1, 0.01]))
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_tradeoff_is_always_a_valid_lower_bound_search(sigma, steps, p):
+    """A random search over Gaussian compositions: the curve is valid, and at p = 1 it
+    lies below the exact mu-GDP curve G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)."""
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p), steps)
+    curve = acc.tradeoff()
+    alpha = np.concatenate([[0.0, 1e-9, 1e-6], np.linspace(1e-3, 1.0, 60)])
+    beta = curve(alpha)
+    assert np.all((beta >= 0.0) & (beta <= 1.0 - alpha + 1e-15)) and np.all(np.diff(beta) <= 1e-15)
+    if p == 1.0:
+        mu = math.sqrt(steps) / sigma
+        exact = stats.norm.cdf(stats.norm.isf(alpha) - mu)
+        assert np.all(beta <= exact + 1e-12)
+
+
+def test_the_profile_on_the_grid_is_the_bound_at_every_grid_point():
+    """DiscretePLD.profile_on_grid (O(n), used by tradeoff) against delta() point by point."""
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=0.8, sampling_rate=0.05), 300)
+    for pessimistic in (True, False):
+        pld = acc.composed_pld("remove", pessimistic=pessimistic)
+        eps, delta = pld.profile_on_grid()
+        pick = np.linspace(0, eps.size - 1, 300).astype(int)
+        direct = pld.delta(eps[pick])
+        np.testing.assert_allclose(delta[pick], direct, rtol=1e-10, atol=1e-300)
+        # the recursion's round-off factor is applied on the safe side
+        assert np.all(delta[pick] >= direct) if pessimistic else np.all(delta[pick] <= direct)
 
 
 def test_an_infinite_loss_atom_above_delta_gives_infinite_lower_and_upper_bounds():

@@ -106,6 +106,30 @@ class DiscretePLD:
         out = np.clip(out, 0.0, 1.0)
         return float(out[0]) if eps.ndim == 0 else out.reshape(eps.shape)
 
+    def profile_on_grid(self) -> tuple[np.ndarray, np.ndarray]:
+        """(eps_j, delta(eps_j)) at eps_j = ell_j + loss_error for every grid loss, in O(n).
+
+        The same bound as :meth:`delta` (which would take O(n) per point). The sum
+        over the atoms strictly above ell_j obeys, with q = e^{-h} and S_j their mass,
+
+            T_j = sum_{k>j} pmf_k (1 - q^{k-j}) = (1 - q) S_j + q T_{j+1},
+
+        a recursion of positive terms: each step's round-off is <= 3 units in the last
+        place, so the computed T_j is within a factor (1 + 2^-53)^(3n) of the exact
+        one; that factor (and its inverse for a lower bound) is applied.
+        """
+        kappa = 4.0 * (self.pmf.size + 2) * 2.0**-53
+        tail = _grid_tail_delta(self.pmf, self.h)
+        tail = tail * (1.0 + kappa) if self.bound > 0 else tail / (1.0 + kappa)
+        at = self.losses
+        out = tail + self.p_inf + self.delta_shift
+        if self.bound > 0:
+            out = (out + self.charge(at)) * (1.0 + self.rel_error)
+            out[at < self.eps_from] = 1.0
+        elif self.bound < 0:
+            out = (out - self.charge(at)) / (1.0 + self.rel_error)
+        return at + self.bound * self.loss_error, np.clip(out, 0.0, 1.0)
+
     def epsilon(self, delta: float) -> float:
         """Smallest eps >= 0 with delta(eps) <= ``delta`` (inf if none exists).
 
@@ -204,6 +228,24 @@ def _delta_at(pmf, offset, h, eps):  # pragma: no cover - numba
             if d < 0.0:
                 acc += pmf[k] * -math.expm1(d)
         out[e] = acc
+    return out
+
+
+@njit(cache=True)
+def _grid_tail_delta(pmf, h):  # pragma: no cover - numba
+    """T_j = sum_{k>j} pmf_k (1 - e^{-(k-j) h}) for every j, by the recursion of
+    :meth:`DiscretePLD.profile_on_grid` (positive terms only)."""
+    n = pmf.shape[0]
+    out = np.zeros(n)
+    q = math.exp(-h)
+    one_minus_q = -math.expm1(-h)
+    above = 0.0  # S_j, mass strictly above j
+    t = 0.0
+    for j in range(n - 1, -1, -1):
+        out[j] = t
+        above += pmf[j]
+        # step to j - 1: T_{j-1} = (1 - q) S_{j-1} + q T_j with S_{j-1} = above
+        t = one_minus_q * above + q * t
     return out
 
 

@@ -28,7 +28,7 @@ from fdp._kernels.hull import lower_hull_indices
 from fdp._validation import check_array, check_integer
 from fdp.tradeoff.piecewise import PiecewiseLinearCurve
 
-__all__ = ["epsilon_delta_curve", "from_delta"]
+__all__ = ["epsilon_delta_curve", "from_delta", "profile_envelope"]
 
 #: Lines 1 - delta - e^eps alpha with eps above this are dropped: they are
 #: positive only for alpha < e^-700 ~ 1e-304. Dropping a line lowers f (safe).
@@ -74,6 +74,23 @@ def _lines(eps: np.ndarray, delta: np.ndarray, symmetric: bool) -> tuple[np.ndar
     w = np.exp(-eps)
     s2, c2, cc2 = -w, w * (1.0 - delta), -np.expm1(-eps) + w * delta
     return np.concatenate([s1, s2]), np.concatenate([c1, c2]), np.concatenate([cc1, cc2])
+
+
+def profile_envelope(epsilon: np.ndarray, delta: np.ndarray) -> PiecewiseLinearCurve:
+    """f(alpha) = max_i max(0, 1 - delta_i - e^{eps_i} alpha) for real eps_i (negative too).
+
+    For a pair (P, Q) with delta(eps) = H_{e^eps}(P || Q) <= delta_i at eps_i, every
+    line is below T(P, Q) (Neyman-Pearson: beta >= 1 - delta(eps) - e^eps alpha for
+    every test), so the result is a lower bound on the tradeoff curve, and it is
+    exact when the eps_i include every breakpoint (for a discrete PLD, its losses)
+    and delta_i = delta(eps_i). A valid tradeoff curve by construction (convex,
+    non-increasing, <= 1 - alpha), whatever round-off the delta_i carry.
+    """
+    eps = np.asarray(epsilon, dtype=np.float64).ravel()
+    dlt = np.clip(np.asarray(delta, dtype=np.float64).ravel(), 0.0, 1.0)
+    keep = np.isfinite(eps) & (eps <= _MAX_STEEP_EPS)
+    eps, dlt = eps[keep], dlt[keep]
+    return _upper_envelope(-np.exp(eps), 1.0 - dlt, dlt)
 
 
 def epsilon_delta_curve(epsilon: Any, delta: Any) -> PiecewiseLinearCurve:
