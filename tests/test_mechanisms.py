@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import mpmath as mp
 import numpy as np
@@ -16,7 +17,12 @@ import pytest
 from scipy import integrate, stats
 
 import fdp
-from fdp.mechanisms.from_delta import lower_profile
+from fdp.mechanisms.from_delta import (
+    NonConvexProfileWarning,
+    first_nonconvex_point,
+    lower_profile,
+    symmetric_pair_from_curve,
+)
 from fdp.mechanisms.gaussian import subsampled_gaussian_delta
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
@@ -590,3 +596,64 @@ def test_from_delta_lower_bound_stays_below_the_truth_beyond_max_epsilon():
         lo, hi = acc.get_delta_bounds(eps)
         truth = float(gaussian_delta(eps, 33.0))
         assert lo <= truth * (1 + 1e-9) + 1e-12 <= hi * (1 + 1e-9) + 2e-12, (eps, lo, truth, hi)
+
+
+def _exact_epsilon_of_pair(p0: np.ndarray, p1: np.ndarray, steps: int, delta: float) -> float:
+    """epsilon(delta) of T compositions of a small discrete pair, both directions, by
+    enumerating every outcome sequence (exact up to the root finder's 1e-14)."""
+    import itertools
+    from collections import Counter
+
+    from scipy.optimize import brentq
+
+    best = 0.0
+    for P, Q in ((p0, p1), (p1, p0)):
+        atoms, at_inf = Counter(), 0.0
+        for combo in itertools.product(range(len(P)), repeat=steps):
+            mass = math.prod(P[i] for i in combo)
+            if mass == 0.0:
+                continue
+            if any(Q[i] == 0.0 for i in combo):
+                at_inf += mass
+                continue
+            atoms[sum(math.log(P[i] / Q[i]) for i in combo)] += mass
+
+        def delta_of(e: float) -> float:
+            return at_inf + sum(m * max(0.0, -math.expm1(e - ell)) for ell, m in atoms.items())
+
+        if delta_of(0.0) > delta:
+            best = max(best, brentq(lambda e: delta_of(e) - delta, 0.0, 60.0, xtol=1e-14))
+    return best
+
+
+@pytest.mark.parametrize("jump_at", [0.7, 0.3])
+@pytest.mark.parametrize("steps", [1, 4])
+@pytest.mark.parametrize("delta", [1e-3, 0.3])
+def test_from_delta_of_a_profile_with_a_jump_brackets_the_least_private_mechanism(jump_at, steps, delta):
+    """delta(eps) = 0.5 for eps < c, 0 after: not convex in e^eps, so no mechanism has it
+    as its exact profile. FromDelta accounts for the least private mechanism it allows,
+    f = sup_eps max(0, 1 - delta(eps) - e^eps alpha, e^-eps (1 - delta(eps) - alpha)),
+    here the envelope of (0, 0.5) and (c, 0); its epsilon, by exact enumeration of that
+    pair's compositions, is inside the bracket. (At c = 0.7, off the grid, the lower
+    bound was 0.69870 where the truth is 0.69850: the secant bound assumed convexity.)"""
+    profile = lambda e: np.where(np.asarray(e) < jump_at, 0.5, 0.0)  # noqa: E731
+    with pytest.warns(NonConvexProfileWarning, match="not convex"):
+        mech = fdp.FromDelta(profile)
+    lo, hi = fdp.PLDAccountant().compose(mech, steps).get_epsilon_bounds(delta)
+    envelope = fdp.epsilon_delta_curve(np.array([0.0, jump_at]), np.array([0.5, 0.0]))
+    lp0, lp1 = symmetric_pair_from_curve(envelope)
+    exact = _exact_epsilon_of_pair(np.exp(lp0), np.exp(lp1), steps, delta)
+    assert lo <= exact * (1 + 1e-12) + 1e-15 and exact <= hi * (1 + 1e-12) + 1e-15
+
+
+def test_from_delta_of_valid_profiles_does_not_warn_and_nonconvexity_is_located():
+    grid = np.linspace(0.0, 8.0, 4097)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonConvexProfileWarning)
+        fdp.FromDelta(gdp(1.0))
+        fdp.FromDelta(rr_profile(0.7))  # linear in e^eps up to rounding
+        fdp.FromDelta(lambda e: max(0.0, 1.0 - math.exp((e - 1.0) / 2)))  # Laplace
+    assert first_nonconvex_point(grid, gaussian_delta(grid, 1.3)) is None
+    jump = np.where(grid < 2.0, 0.25, 0.0)
+    j = first_nonconvex_point(grid, jump)
+    assert j is not None and abs(grid[j] - 2.0) < 0.01

@@ -1,8 +1,19 @@
 """A mechanism known only through its privacy profile delta(eps).
 
-Setting. The user gives eps -> delta(eps), eps >= 0, for ONE unsubsampled step
-of a mechanism that is (eps, delta(eps))-DP for every eps >= 0 and for both
-orderings of neighbours (symmetric). With subsampling we need an actual pair of
+Setting. The user gives eps -> delta(eps), eps >= 0, non-increasing, for ONE
+unsubsampled step of a mechanism that is (eps, delta(eps))-DP for every eps >= 0
+and for both orderings of neighbours (symmetric).
+
+Semantics. ``FromDelta(delta)`` is the least private mechanism with that
+guarantee: the symmetric pair whose tradeoff curve is
+
+    f(alpha) = sup_{eps >= 0} max(0, 1 - delta(eps) - e^eps alpha, e^-eps (1 - delta(eps) - alpha)),
+
+fact (a) below. When delta is the exact profile of a symmetric pair (then it is
+convex in x = e^eps) this is that pair's curve, and the mechanism's profile is
+delta itself. When it is not (a jump, a concave stretch), the mechanism's
+profile is the convex minorant of delta in x, below delta, and the bracket is
+on that mechanism's epsilon. With subsampling we need an actual pair of
 output laws (P0, P1) (the mixture (1-p) P0 + p P1 is not determined by delta
 alone), so we build two *discrete pairs* from delta on a grid
 0 = eps_0 < eps_1 < ... < eps_m and account with those.
@@ -42,10 +53,11 @@ between them, is the chord in e^eps ("connect the dots", Doroshenko et al.
 valid bound: if the callable is only an upper bound on the mechanism's
 profile, the pessimistic side is still sound.
 
-Optimistic pair (a lower bound; assumes delta is the EXACT profile of a
-symmetric pair). Then delta is convex and non-increasing in x = e^eps (it is
-E_Q[(dP/dQ - x)_+]), so a chord of neighbouring grid points, extended outside
-its interval, lies below it. On [x_i, x_{i+1}] therefore
+Optimistic pair, convex samples (the grid values are convex in x, up to
+rounding: ``convexity_excess`` <= 1e-12; the bound then assumes delta is convex
+between grid points too, as an exact profile E_Q[(dP/dQ - x)_+] is). A chord of
+neighbouring grid points, extended outside its interval, lies below a convex
+function. On [x_i, x_{i+1}] therefore
 
     delta(x) >= low(x) = max(l_{i-1}(x), l_{i+1}(x), 0),                        (1)
 
@@ -63,9 +75,18 @@ because 1 - low(x) - x alpha and (1 - low(x) - alpha)/x are maximised over x
 at a vertex of the convex minorant of low (on each of its linear pieces the
 first is linear and the second monotone in x), every such vertex is in V,
 and low <= delta. So f_opt >= f and by (b) the pair of (c) for f_opt is
-dominated by the mechanism: its deltas are <= the truth. If the callable is
-not the exact profile, the optimistic side means nothing (only an upper
-bound was given), and ``get_epsilon_bounds`` lower values must be ignored.
+dominated by the mechanism: its deltas are <= the truth. Samples above the
+chord by a relative excess tau <= 1e-12 (rounding) move an extended secant by
+at most (1 + 2r) tau, r the largest ratio of neighbouring x-intervals, and low
+is lowered by that factor.
+
+Optimistic pair, samples not convex (a ``NonConvexProfileWarning``): only
+monotonicity is used. On (eps_i, eps_{i+1}] delta >= delta_{i+1}, beyond eps_m
+delta >= 0, and lines (a) of a smaller delta at a smaller eps are higher, so
+the polygon of the points (eps_i, delta_{i+1}) and (eps_m, 0)
+(``step_lower_profile``) is >= f: a first-order bound in the grid spacing.
+If the callable is only an upper bound on some mechanism's profile, the
+optimistic side bounds the least private mechanism that bound allows.
 
 Error. The pessimistic profile is exact at the grid points, the optimistic
 one is below by O(h^2) there too; between grid points both differ from the
@@ -86,7 +107,7 @@ testing P0 against P1, f = T(P0||P1), p the sampling rate.
 
 from __future__ import annotations
 
-import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,16 +117,38 @@ import numpy as np
 from fdp._validation import check_array, check_integer, check_sampling_rate
 from fdp.mechanisms._atoms import largest_atom, pair_cells, pair_loss_range
 from fdp.mechanisms.base import Mechanism, register_mechanism
+from fdp.mechanisms.profile_pairs import (
+    CONVEX_RTOL,
+    MAX_EPSILON,
+    convexity_excess,
+    first_nonconvex_point,
+    lower_profile,
+    step_lower_profile,
+    symmetric_pair_from_curve,
+)
 from fdp.pld.cells import Direction, Grid, LossCells
 
-__all__ = ["FromDelta", "symmetric_pair_from_curve", "lower_profile"]
+__all__ = [
+    "FromDelta",
+    "NonConvexProfileWarning",
+    "convexity_excess",
+    "first_nonconvex_point",
+    "lower_profile",
+    "step_lower_profile",
+    "symmetric_pair_from_curve",
+]
 
-#: Largest grid epsilon (e^eps must stay far from float overflow).
-MAX_EPSILON = 500.0
 #: delta below this at the top of the default grid ends the grid there.
 _TAIL_DELTA = 1e-20
 #: A profile may increase by this much (rounding noise) before it is refused.
 _MONOTONE_TOL = 1e-9
+#: An excess over the chord within a few units in the last place of the samples is
+#: their own rounding (a profile linear in e^eps computes so): taken as convex as given.
+_ULP_EXCESS = 8 * 2.0**-52
+
+
+class NonConvexProfileWarning(UserWarning):
+    """The profile is not convex in e^eps, so it is not the exact profile of any mechanism."""
 
 
 def _evaluate_profile(fn: Callable[[Any], Any], eps: np.ndarray) -> np.ndarray:
@@ -136,91 +179,6 @@ def _default_grid(fn: Callable[[Any], Any], num_points: int) -> np.ndarray:
     small = _evaluate_profile(fn, probe) <= _TAIL_DELTA
     eps_max = float(probe[int(np.argmax(small))]) if np.any(small) else float(probe[-1])
     return np.linspace(0.0, eps_max, num_points)
-
-
-def symmetric_pair_from_curve(curve) -> tuple[np.ndarray, np.ndarray]:
-    """(log P0, log P1) of a discrete pair with T(P0||P1) = ``curve`` (a symmetric polygon).
-
-    Fact (c) of the module docstring: the left half of the polygon, up to the
-    fixed point alpha* = f(alpha*), gives outcomes (P0, P1) = (d0_k, d1_k) with
-    d0_k = alpha_k - alpha_{k-1} and d1_k = beta_{k-1} - beta_k (from the
-    complements 1 - beta where beta > 1/2, so that small masses keep their
-    relative precision), plus the certain outcome (0, 1 - f(0)); the right half
-    is their mirror image (d1_k, d0_k), (1 - f(0), 0).
-    """
-    a, b = curve.alpha, curve.beta
-    bc = curve._beta_c  # 1 - beta, kept without cancellation by PiecewiseLinearCurve
-    k = int(np.argmax(a >= b))  # first vertex on or right of the diagonal
-    p_inf = float(bc[0])
-    if k == 0:
-        a_star = 0.0
-        a_l, b_l, bc_l = np.array([0.0]), np.array([0.0]), np.array([1.0])
-    else:
-        gap0, gap1 = b[k - 1] - a[k - 1], b[k] - a[k]  # > 0, <= 0
-        t = gap0 / (gap0 - gap1)
-        a_star = float(a[k - 1] + t * (a[k] - a[k - 1]))
-        a_l = np.append(a[:k], a_star)
-        b_l = np.append(b[:k], a_star)
-        bc_l = np.append(bc[:k], 1.0 - a_star)
-    d0 = np.clip(np.diff(a_l), 0.0, None)
-    d1 = np.clip(np.where(b_l[:-1] <= 0.5, -np.diff(b_l), np.diff(bc_l)), 0.0, None)
-    p0 = np.concatenate([[0.0], d0, d1, [p_inf]])
-    p1 = np.concatenate([[p_inf], d1, d0, [0.0]])
-    with np.errstate(divide="ignore"):
-        return np.log(p0), np.log(p1)
-
-
-def lower_profile(eps: np.ndarray, dlt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Points (eps_v, low(eps_v)) of the lower bound (1) on a convex profile (module docstring).
-
-    Args:
-      eps: grid 0 = eps_0 < ... < eps_m (m >= 1).
-      dlt: delta at the grid, non-increasing, in [0, 1].
-
-    Returns:
-      eps_v, low_v: the grid points with their delta, and the kinks of low
-      inside each interval and beyond eps_m, with low there (all <= delta).
-    """
-    x = np.exp(eps)
-    # symmetric extension one step left of eps_0 = 0
-    x_ext = np.concatenate([[math.exp(-eps[1])], x])
-    d_ext = np.concatenate([[1.0 - math.exp(-eps[1]) * (1.0 - dlt[1])], dlt])
-    slope = np.diff(d_ext) / np.diff(x_ext)  # slope[j]: secant of [x_ext[j], x_ext[j+1]]
-    m = eps.size - 1
-    xi, xj, di, dj = x[:-1], x[1:], dlt[:-1], dlt[1:]  # interval i = [x_i, x_{i+1}], i = 0..m-1
-    s_left = slope[:m]  # secant of interval i-1 (through (x_i, d_i))
-    s_right = np.concatenate([slope[2 : m + 1], [np.nan]])  # secant of interval i+1 (through (x_{i+1}, d_{i+1}))
-
-    def low(y: np.ndarray) -> np.ndarray:
-        left = di + s_left * (y - xi)
-        right = np.where(np.isnan(s_right), -np.inf, dj + np.nan_to_num(s_right) * (y - xj))
-        return np.maximum(np.maximum(left, right), 0.0)
-
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        cross = (dj - di + s_left * xi - s_right * xj) / (s_left - s_right)
-        zero_left = np.where(s_left < 0.0, xi - di / s_left, np.nan)
-        zero_right = np.where(s_right < 0.0, xj - dj / s_right, np.nan)
-    cand_x, cand_d = [x], [dlt]
-    for y in (cross, zero_left, zero_right):
-        ok = np.isfinite(y) & (y > xi) & (y < xj)
-        yy = np.where(ok, y, xi)
-        cand_x.append(y[ok])
-        cand_d.append(low(yy)[ok])
-    s_last = slope[-1]  # secant of [x_{m-1}, x_m]
-    if s_last < 0.0:
-        cand_x.append(np.array([x[-1] - dlt[-1] / s_last]))
-        cand_d.append(np.array([0.0]))
-    vx = np.concatenate(cand_x)
-    vd = np.clip(np.concatenate(cand_d), 0.0, 1.0)
-    keep = np.isfinite(vx) & (vx >= 1.0) & (vx <= math.exp(MAX_EPSILON))
-    vx, vd = vx[keep], vd[keep]
-    last = int(np.argmax(vx))
-    if vd[last] > 0.0:
-        # low reaches 0 only beyond e^MAX_EPSILON: end it at 0 there instead (below the
-        # last secant, so still <= delta). Without a zero the (eps, delta) envelope would
-        # keep delta = vd[last] for every larger eps, above the truth.
-        vx, vd = np.append(vx, math.exp(MAX_EPSILON)), np.append(vd, 0.0)
-    return np.log(vx), vd
 
 
 @dataclass(frozen=True)
@@ -305,7 +263,27 @@ class FromDelta(Mechanism):
         d_up = np.maximum.accumulate(dlt[::-1])[::-1]
         d_down = np.minimum.accumulate(dlt)
         pess_curve = epsilon_delta_curve(grid, d_up)
-        eps_v, low_v = lower_profile(grid, d_down)
+        excess, bad = convexity_excess(grid, d_down)
+        if excess <= CONVEX_RTOL:
+            eps_v, low_v = lower_profile(grid, d_down)
+            if excess > _ULP_EXCESS:  # rounding: a sample above the chord by excess (relative)
+                # moves an extended secant by at most (1 + 2 r) excess, r the largest
+                # ratio of neighbouring intervals in x; lower the bound by that
+                x = np.exp(grid)
+                gaps = np.diff(x)
+                r = float(np.max(np.maximum(gaps[1:] / gaps[:-1], gaps[:-1] / gaps[1:]), initial=1.0))
+                low_v = low_v * (1.0 - (1.0 + 2.0 * r) * excess)
+        else:
+            warnings.warn(
+                f"delta_of_epsilon is not convex in e^eps (near eps = {grid[max(bad - 1, 0)]:.6g}), so "
+                "it is not the exact profile of any mechanism; accounting for the least private "
+                "mechanism it allows, f(alpha) = sup_eps max(0, 1 - delta(eps) - e^eps alpha), "
+                "with a lower bound first-order in the grid spacing (pass a finer epsilons grid "
+                "for a narrower bracket)",
+                NonConvexProfileWarning,
+                stacklevel=4,
+            )
+            eps_v, low_v = step_lower_profile(grid, d_down)
         opt_curve = epsilon_delta_curve(eps_v, low_v)
         return _Pairs(
             pess=symmetric_pair_from_curve(pess_curve),
