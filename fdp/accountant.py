@@ -35,6 +35,7 @@ from fdp.pld.cells import Direction, Grid
 from fdp.pld.capped import capped_lower_epsilon
 from fdp.pld.compose import MAX_FFT_POINTS, compose, saddle_tilt
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
+from fdp.pld.plan import GridPlan, composed_sd, grid_plan
 from fdp.pld.pmf import DiscretePLD
 from fdp.pld.queries import check_certifiable_delta, reported, round_off_matters, tail_budget
 
@@ -42,19 +43,14 @@ __all__ = ["PLDAccountant"]
 
 #: Largest number of steps accepted (beyond this float64 losses lose meaning).
 MAX_STEPS = 10**11
-#: Grid points of the coarse discretisation used to size the fine grid.
-_COARSE_POINTS = 2000
-#: Largest single-step grid.
-_MAX_STEP_POINTS = 1 << 22
 #: Tilted passes of get_epsilon_bounds at most (each re-aimed at the eps found).
 _TILT_PASSES = 2
 
 
-@dataclass(frozen=True)
-class _Plan:
-    h: float
-    tail_mass: float
-    grids: tuple[Grid, ...]
+#: The settings a JSON document carries (missing ones take their defaults).
+_SETTINGS = ("grid_spacing", "grid_scale", "epsilon_rtol", "max_refinements", "max_points")
+
+
 
 
 @dataclass
@@ -320,38 +316,19 @@ class PLDAccountant:
         return self._side(Direction(direction), bool(pessimistic), tail_mass)
 
     def tradeoff(self):
-        """The composed g = min{f, f^-1}** as a TradeoffCurve, a certified lower bound.
-
-        f is the envelope of the lines 1 - delta_R(eps) - e^eps alpha over the grid
-        losses eps of the remove direction's composed pessimistic PLD, with
-        delta_R its certified upper bound (round-off charges included); f^-1 the
-        same for the add direction, inverted. Each line lies below the true
-        curve, so g does (:func:`fdp.tradeoff.epsilon_delta.profile_envelope`).
-        """
-        from fdp.tradeoff.epsilon_delta import profile_envelope
+        """The composed g = min{f, f^-1}** as a TradeoffCurve, a certified lower bound
+        (:func:`fdp.tradeoff.epsilon_delta.composed_tradeoff`)."""
+        from fdp.tradeoff.epsilon_delta import composed_tradeoff
 
         self._require_events()
-        curves = []
-        for d in self._directions():
-            pld = self.composed_pld(d, pessimistic=True)
-            curve = profile_envelope(*pld.profile_on_grid())
-            curves.append(curve if d is Direction.REMOVE else curve.inverse())
-        if len(curves) == 1:
-            return curves[0].symmetrized()
-        from fdp.tradeoff import convex_minimum
-
-        return convex_minimum(curves[0], curves[1]).symmetrized()
+        return composed_tradeoff({d: self.composed_pld(d, pessimistic=True) for d in self._directions()})
 
     # ----------------------------------------------------------- persistence
     def to_json(self) -> str:
         """The composed mechanisms and settings as JSON (no pickles)."""
         return json.dumps({
             "format": "fdp.PLDAccountant/1",
-            "grid_spacing": self.grid_spacing,
-            "grid_scale": self.grid_scale,
-            "epsilon_rtol": self.epsilon_rtol,
-            "max_refinements": self.max_refinements,
-            "max_points": self.max_points,
+            **{name: getattr(self, name) for name in _SETTINGS},
             "events": [{"mechanism": m.to_dict(), "steps": c} for m, c in self._events],
         })
 
@@ -360,9 +337,7 @@ class PLDAccountant:
         data = json.loads(text)
         if data.get("format") != "fdp.PLDAccountant/1":
             raise ValueError(f"not an fdp.PLDAccountant JSON document (format={data.get('format')!r})")
-        acc = cls(grid_spacing=data["grid_spacing"], grid_scale=data["grid_scale"],
-                  epsilon_rtol=data.get("epsilon_rtol", 1e-3),
-                  max_refinements=data.get("max_refinements", 3), max_points=data["max_points"])
+        acc = cls(**{name: data[name] for name in _SETTINGS if name in data})
         for ev in data["events"]:
             acc.compose(mechanism_from_dict(ev["mechanism"]), steps=ev["steps"])
         return acc
@@ -399,42 +374,12 @@ class PLDAccountant:
         return self._cache[key]
 
     def _moments(self, direction: Direction, tail_mass: float) -> float:
-        """sd of the composed loss from a coarse pessimistic discretisation."""
         key = ("sd", direction, tail_mass)
         if key not in self._cache:
-            events = self._grouped()
-            step_tail = max(tail_mass / sum(c for _, c in events), 1e-300)
-            var = 0.0
-            for m, c in events:
-                lo, hi = m.loss_range(direction, step_tail)
-                hc = max((hi - lo) / _COARSE_POINTS, 1e-12)
-                cells = m.loss_cells(direction, Grid.covering(lo, hi, hc), pessimistic=True)
-                var += c * discretise_pessimistic(cells).variance()
-            self._cache[key] = math.sqrt(max(var, 0.0))
+            self._cache[key] = composed_sd(self._grouped(), direction, tail_mass)
         return self._cache[key]
 
-    def _plan(self, direction: Direction, tail_mass: float, level: int = 0) -> _Plan:
-        events = self._grouped()
-        total_steps = sum(c for _, c in events)
-        step_tail = tail_mass / total_steps
-        ranges = [m.loss_range(direction, max(step_tail, 1e-300)) for m, _ in events]
-        if self.grid_spacing is not None:
-            h = self.grid_spacing
-        else:
-            sd = self._moments(direction, tail_mass)
-            # the composed window (~ +-20 sd around the mean) must fit max_points, and
-            # a single step's loss range must fit _MAX_STEP_POINTS (e.g. sigma = 1e-6)
-            floor = max(40.0 * sd / self.max_points, 1e-9, max(hi - lo for lo, hi in ranges) / _MAX_STEP_POINTS)
-            h0 = max(self.grid_scale * sd / math.sqrt(total_steps), floor)
-            # put the main mechanism's atom on the grid (discretisation is exact
-            # there); the halvings of refinement keep it on
-            anchor = max(events, key=lambda ev: ev[1])[0].grid_anchor(direction)
-            if anchor is not None and abs(anchor) >= h0:
-                h0 = abs(anchor) / math.ceil(abs(anchor) / h0)
-            h = max(h0 / 2.0**level, floor)
-        grids = []
-        for lo, hi in ranges:
-            # a range too long for h (a fixed grid_spacing, a heavy tail) is cut: the
-            # mass above the grid goes to +inf in the pessimistic cells (sound, looser)
-            grids.append(Grid.covering(lo, min(hi, lo + h * _MAX_STEP_POINTS), h))
-        return _Plan(h=h, tail_mass=tail_mass, grids=tuple(grids))
+    def _plan(self, direction: Direction, tail_mass: float, level: int = 0) -> GridPlan:
+        sd = None if self.grid_spacing is not None else self._moments(direction, tail_mass)
+        return grid_plan(self._grouped(), direction, tail_mass, level, grid_spacing=self.grid_spacing,
+                         grid_scale=self.grid_scale, max_points=self.max_points, sd=sd)

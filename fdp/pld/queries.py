@@ -15,6 +15,9 @@ __all__ = ["MIN_DELTA", "check_certifiable_delta", "reported", "round_off_matter
 
 #: Smallest delta certified (the tail budget 1e-4 * delta must stay a normal float64).
 MIN_DELTA = 1e-290
+#: Bracket width on epsilon below which no width warning is given, whatever its
+#: relative size (a mechanism that spends nothing has bounds [0, ~1e-24]).
+EPSILON_ATOL = 1e-12
 
 
 def round_off_matters(sides: list[DiscretePLD], delta: float, rtol: float, lo: float, hi: float) -> bool:
@@ -56,7 +59,7 @@ def reported(lo: float, hi: float, delta: float, rtol: float) -> tuple[float, fl
             f"mechanisms (e.g. fdp.JL with few jl_projections) do this; lower bound: {lo:.6g}",
             stacklevel=3,
         )
-    elif hi - lo > rtol * hi:
+    elif hi - lo > rtol * hi and hi - lo > EPSILON_ATOL:
         warnings.warn(
             f"epsilon bounds [{lo:.6g}, {hi:.6g}] are wider than the relative tolerance {rtol:g}; "
             f"pass a smaller grid_spacing, or raise max_points / max_refinements",

@@ -28,7 +28,7 @@ from fdp._kernels.hull import lower_hull_indices
 from fdp._validation import check_array, check_integer
 from fdp.tradeoff.piecewise import PiecewiseLinearCurve
 
-__all__ = ["epsilon_delta_curve", "from_delta", "profile_envelope"]
+__all__ = ["composed_tradeoff", "epsilon_delta_curve", "from_delta", "profile_envelope"]
 
 #: Lines 1 - delta - e^eps alpha with eps above this are dropped: they are
 #: positive only for alpha < e^-700 ~ 1e-304. Dropping a line lowers f (safe).
@@ -91,6 +91,26 @@ def profile_envelope(epsilon: np.ndarray, delta: np.ndarray) -> PiecewiseLinearC
     keep = np.isfinite(eps) & (eps <= _MAX_STEEP_EPS)
     eps, dlt = eps[keep], dlt[keep]
     return _upper_envelope(-np.exp(eps), 1.0 - dlt, dlt)
+
+
+def composed_tradeoff(plds: dict[Any, Any]) -> PiecewiseLinearCurve:
+    """g = min{f, f^-1}** from the pessimistic composed PLD of each direction.
+
+    f is :func:`profile_envelope` of the remove direction's certified profile at its
+    grid losses (``DiscretePLD.profile_on_grid``, round-off charges included), f^-1
+    the inverse of the add direction's; each lies below the true curve, so g does.
+    One direction (a symmetric composition): its envelope, symmetrised.
+    """
+    from fdp.pld.cells import Direction
+    from fdp.tradeoff import convex_minimum
+
+    curves = []
+    for direction, pld in plds.items():
+        curve = profile_envelope(*pld.profile_on_grid())
+        curves.append(curve if Direction(direction) is Direction.REMOVE else curve.inverse())
+    if len(curves) == 1:
+        return curves[0].symmetrized()
+    return convex_minimum(curves[0], curves[1]).symmetrized()
 
 
 def epsilon_delta_curve(epsilon: Any, delta: Any) -> PiecewiseLinearCurve:

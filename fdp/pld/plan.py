@@ -1,0 +1,75 @@
+"""The grids of a composition: one spacing h for all steps, one range per mechanism.
+
+h is a fraction ``grid_scale`` of the composed loss's standard deviation over
+sqrt(T) (the per-step sd), estimated from a coarse pessimistic discretisation,
+with floors that keep the composed window (~ +-20 sd) within ``max_points`` and
+a single step's range within ``MAX_STEP_POINTS``; the main mechanism's atom is
+put on the grid, where its discretisation is exact. Refinement level k halves h
+k times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from fdp.pld.cells import Direction, Grid
+from fdp.pld.discretise import discretise_pessimistic
+
+__all__ = ["COARSE_POINTS", "GridPlan", "MAX_STEP_POINTS", "composed_sd", "grid_plan"]
+
+#: Grid points of the coarse discretisation used to size the fine grid.
+COARSE_POINTS = 2000
+#: Largest single-step grid.
+MAX_STEP_POINTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """The spacing h and, per mechanism (in the order of the events), its grid."""
+
+    h: float
+    tail_mass: float
+    grids: tuple[Grid, ...]
+
+
+def composed_sd(events: Sequence[tuple[Any, int]], direction: Direction, tail_mass: float) -> float:
+    """sd of the composed loss, sum over the events of c * Var(one step), from a coarse
+    pessimistic discretisation of each step."""
+    step_tail = max(tail_mass / sum(c for _, c in events), 1e-300)
+    var = 0.0
+    for m, c in events:
+        lo, hi = m.loss_range(direction, step_tail)
+        hc = max((hi - lo) / COARSE_POINTS, 1e-12)
+        cells = m.loss_cells(direction, Grid.covering(lo, hi, hc), pessimistic=True)
+        var += c * discretise_pessimistic(cells).variance()
+    return math.sqrt(max(var, 0.0))
+
+
+def grid_plan(events: Sequence[tuple[Any, int]], direction: Direction, tail_mass: float, level: int, *,
+              grid_spacing: float | None, grid_scale: float, max_points: int, sd: float | None) -> GridPlan:
+    """The grids for ``events`` ((mechanism, steps) pairs) in ``direction``."""
+    total_steps = sum(c for _, c in events)
+    step_tail = tail_mass / total_steps
+    ranges = [m.loss_range(direction, max(step_tail, 1e-300)) for m, _ in events]
+    if grid_spacing is not None:
+        h = grid_spacing
+    else:
+        assert sd is not None
+        # the composed window (~ +-20 sd around the mean) must fit max_points, and
+        # a single step's loss range must fit MAX_STEP_POINTS (e.g. sigma = 1e-6)
+        floor = max(40.0 * sd / max_points, 1e-9, max(hi - lo for lo, hi in ranges) / MAX_STEP_POINTS)
+        h0 = max(grid_scale * sd / math.sqrt(total_steps), floor)
+        # put the main mechanism's atom on the grid (discretisation is exact
+        # there); the halvings of refinement keep it on
+        anchor = max(events, key=lambda ev: ev[1])[0].grid_anchor(direction)
+        if anchor is not None and abs(anchor) >= h0:
+            h0 = abs(anchor) / math.ceil(abs(anchor) / h0)
+        h = max(h0 / 2.0**level, floor)
+    grids = []
+    for lo, hi in ranges:
+        # a range too long for h (a fixed grid_spacing, a heavy tail) is cut: the
+        # mass above the grid goes to +inf in the pessimistic cells (sound, looser)
+        grids.append(Grid.covering(lo, min(hi, lo + h * MAX_STEP_POINTS), h))
+    return GridPlan(h=h, tail_mass=tail_mass, grids=tuple(grids))
