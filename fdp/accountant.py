@@ -37,7 +37,13 @@ from fdp.pld.compose import MAX_FFT_POINTS, compose, saddle_tilt
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
 from fdp.pld.plan import GridPlan, composed_sd, grid_plan
 from fdp.pld.pmf import DiscretePLD
-from fdp.pld.queries import check_certifiable_delta, reported, round_off_matters, tail_budget
+from fdp.pld.queries import (
+    check_certifiable_delta,
+    reported,
+    round_off_matters,
+    round_off_moves_epsilon,
+    tail_budget,
+)
 
 __all__ = ["PLDAccountant"]
 
@@ -160,13 +166,16 @@ class PLDAccountant:
         self._require_events()
         tail = tail_budget(delta)
         rtol = max([self.epsilon_rtol] + [m.intrinsic_rtol for m, _ in self._grouped()])
-        lo, hi, d, sides, his = self._epsilon_pass(delta, tail, rtol, {})
+        tilts: dict[Direction, float] = {}
+        lo, hi, d, sides, his = self._epsilon_pass(delta, tail, rtol, tilts)
         for _ in range(_TILT_PASSES):
-            if not round_off_matters(sides, delta, rtol, lo, hi):
+            moving = {k for (k, _), pld in sides.items() if round_off_moves_epsilon(pld, delta, rtol, hi)}
+            if not moving:
                 break
-            # tilt each direction's FFT towards its eps found (or a Chernoff bound on it)
-            tilts = {k: self._tilt(k, his[k] if math.isfinite(his[k]) else
-                                   self._chernoff_epsilon(k, delta, tail), tail) for k in his}
+            # tilt those directions' FFTs towards their eps found (or a Chernoff bound on it)
+            tilts = {**tilts, **{k: self._tilt(k, his[k] if math.isfinite(his[k]) else
+                                               self._chernoff_epsilon(k, delta, tail), tail)
+                                 for k in moving}}
             lo2, hi2, d, sides, his = self._epsilon_pass(delta, tail, rtol, tilts)
             lo, hi = max(lo, lo2), min(hi, hi2)  # every pass gives valid bounds
         if self.grid_spacing is None and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
@@ -176,7 +185,8 @@ class PLDAccountant:
     def _epsilon_pass(self, delta: float, tail: float, rtol: float, tilts: dict) -> tuple:
         """One refinement loop of :meth:`get_epsilon_bounds` with FFTs tilted by ``tilts``.
 
-        Returns (lower, upper, leading direction, the sides used, each direction's upper)."""
+        Returns (lower, upper, leading direction, {(direction, pessimistic): side used},
+        each direction's upper)."""
         refine = self.grid_spacing is None
         directions = self._directions()
         inexact = rtol > self.epsilon_rtol
@@ -206,7 +216,7 @@ class PLDAccountant:
                 break
             if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), gap, inexact):
                 break
-        return lo, hi, d, [side(k, s) for k in directions for s in (True, False) if level[(k, s)] >= 0], his
+        return lo, hi, d, {(k, s): side(k, s) for k in directions for s in (True, False) if level[(k, s)] >= 0}, his
 
     def _tilt(self, direction: Direction, epsilon: float, tail: float) -> float:
         """Saddle-point tilt for ``epsilon`` of one direction's composition (level 0 grid)."""

@@ -3,6 +3,7 @@ the FFT round-off calls for a tilted pass, and the warning for a wide bracket.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -11,13 +12,50 @@ import numpy as np
 from fdp._validation import check_delta
 from fdp.pld.pmf import DiscretePLD
 
-__all__ = ["MIN_DELTA", "check_certifiable_delta", "reported", "round_off_matters", "tail_budget"]
+__all__ = [
+    "EPSILON_ATOL",
+    "MIN_DELTA",
+    "check_certifiable_delta",
+    "reported",
+    "round_off_epsilon_shift",
+    "round_off_matters",
+    "round_off_moves_epsilon",
+    "tail_budget",
+]
 
 #: Smallest delta certified (the tail budget 1e-4 * delta must stay a normal float64).
 MIN_DELTA = 1e-290
 #: Bracket width on epsilon below which no width warning is given, whatever its
 #: relative size (a mechanism that spends nothing has bounds [0, ~1e-24]).
 EPSILON_ATOL = 1e-12
+
+
+def round_off_epsilon_shift(pld: DiscretePLD, delta: float) -> float:
+    """How far this side's round-off charge moves its epsilon at ``delta``: all that a
+    perfectly tilted pass could win back on it (0 for an exact side)."""
+    if pld.bound == 0:
+        return 0.0
+    if pld.tilt == 0.0:
+        if pld.round_off == 0.0:
+            return 0.0
+        clean = (dataclasses.replace(pld, p_inf=max(pld.p_inf - pld.round_off, 0.0)) if pld.bound > 0
+                 else dataclasses.replace(pld, delta_shift=pld.delta_shift + pld.round_off))
+    else:
+        if pld.log_charge == -math.inf:
+            return 0.0
+        clean = dataclasses.replace(pld, log_charge=-math.inf)
+    charged, uncharged = pld.epsilon(delta), clean.epsilon(delta)
+    if charged == uncharged:
+        return 0.0
+    return abs(charged - uncharged)
+
+
+def round_off_moves_epsilon(pld: DiscretePLD, delta: float, rtol: float, hi: float) -> bool:
+    """True when the side's round-off moves its epsilon by more than a tenth of the
+    tolerance rtol * hi (so a tilted pass, :func:`fdp.pld.compose.compose`, would
+    tighten the bracket noticeably); below that a tilted pass costs time for nothing."""
+    limit = 0.1 * rtol * hi if math.isfinite(hi) else 0.0
+    return round_off_epsilon_shift(pld, delta) > limit
 
 
 def round_off_matters(sides: list[DiscretePLD], delta: float, rtol: float, lo: float, hi: float) -> bool:
