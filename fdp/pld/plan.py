@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.discretise import discretise_pessimistic
 
-__all__ = ["COARSE_POINTS", "GridPlan", "MAX_STEP_POINTS", "composed_sd", "grid_plan"]
+__all__ = ["COARSE_POINTS", "GridPlan", "MAX_STEP_POINTS", "composed_sd", "exact_divisor", "grid_plan"]
 
 #: Grid points of the coarse discretisation used to size the fine grid.
 COARSE_POINTS = 2000
@@ -32,6 +32,23 @@ class GridPlan:
     h: float
     tail_mass: float
     grids: tuple[Grid, ...]
+
+
+def exact_divisor(anchor: float, k: int) -> float:
+    """h >= anchor / k with j * h == anchor in float64 for some integer j <= k, if one of
+    the few floats next to anchor / j, j = k, k - 1, ..., has it (then the grid point
+    j h is the anchor itself, not an ulp off: an atom there is not split, nor rounded
+    down a whole cell), else anchor / k. Halving h keeps the property."""
+    for j in range(k, max(k - 16, 0), -1):
+        candidates = [anchor / j]
+        up = down = candidates[0]
+        for _ in range(4):
+            up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
+            candidates += [up, down]
+        for h in candidates:
+            if j * h == anchor:
+                return h
+    return anchor / k
 
 
 def composed_sd(events: Sequence[tuple[Any, int]], direction: Direction, tail_mass: float) -> float:
@@ -65,7 +82,7 @@ def grid_plan(events: Sequence[tuple[Any, int]], direction: Direction, tail_mass
         # there); the halvings of refinement keep it on
         anchor = max(events, key=lambda ev: ev[1])[0].grid_anchor(direction)
         if anchor is not None and abs(anchor) >= h0:
-            h0 = abs(anchor) / math.ceil(abs(anchor) / h0)
+            h0 = exact_divisor(abs(anchor), math.floor(abs(anchor) / h0))
         h = max(h0 / 2.0**level, floor)
     grids = []
     for lo, hi in ranges:
