@@ -35,10 +35,10 @@ class GridPlan:
 
 
 def exact_divisor(anchor: float, k: int) -> float:
-    """h >= anchor / k with j * h == anchor in float64 for some integer j <= k, if one of
-    the few floats next to anchor / j, j = k, k - 1, ..., has it (then the grid point
-    j h is the anchor itself, not an ulp off: an atom there is not split, nor rounded
-    down a whole cell), else anchor / k. Halving h keeps the property."""
+    """h, within 4 ulp of anchor / j for the first j = k, k - 1, ..., k - 15 where one
+    such float has j * h == anchor in float64 (then the grid point j h is the anchor
+    itself, not an ulp off: an atom there is not split, nor rounded down a whole
+    cell); else anchor / k. Halving h keeps the property."""
     for j in range(k, max(k - 16, 0), -1):
         candidates = [anchor / j]
         up = down = candidates[0]
