@@ -61,7 +61,7 @@ def clip_factors(norms: tf.Tensor, l2_norm_clip: float, losses: tf.Tensor | None
     return tf.where(finite, clip / tf.maximum(safe, clip), tf.zeros_like(norms))
 
 
-def dropped_count(factors: tf.Tensor, norms: tf.Tensor, losses: tf.Tensor) -> tf.Tensor:
+def dropped_count(norms: tf.Tensor, losses: tf.Tensor) -> tf.Tensor:
     """Number of examples dropped because their loss or norm was not finite (int32)."""
     bad = tf.logical_not(
         tf.logical_and(tf.math.is_finite(norms), tf.math.is_finite(tf.cast(losses, norms.dtype)))
@@ -121,5 +121,5 @@ def release(
     if noise_multiplier > 0:
         grads = add_gaussian_noise(grads, noise_multiplier * l2_norm_clip / expected_batch_size, rng)
     return PrivateGradient(
-        grads, recorded.forward, norms, factors, dropped_count(factors, norms, losses), fallbacks
+        grads, recorded.forward, norms, factors, dropped_count(norms, losses), fallbacks
     )

@@ -42,6 +42,12 @@ from fdp_tf.sampling import PoissonSampling, SamplingWarning, pad_to_replicas, s
 __all__ = ["PrivateModel", "make_private", "per_example_loss_fn"]
 
 
+#: keras.Model.fit's parameters after (x, y, batch_size), in order.
+_FIT_POSITIONAL = ("epochs", "verbose", "callbacks", "validation_split", "validation_data", "shuffle",
+                   "class_weight", "sample_weight", "initial_epoch", "steps_per_epoch",
+                   "validation_steps", "validation_batch_size", "validation_freq")
+
+
 @keras.saving.register_keras_serializable(package="fdp_tf")
 class PrivateModel(keras.Model):
     """Wrap a Keras model so that ``fit`` runs DP-SGD(-JL) with a DP optimizer.
@@ -131,6 +137,9 @@ class PrivateModel(keras.Model):
             naming it and the alternative.
         """
         self._per_example_loss = per_example_loss_fn(loss)
+        # a new optimizer is a new segment of the ledger: steps after this compile must
+        # not be booked against the previous fit's row (fit or open_segment reopens it)
+        self._ledger_open = False
         if isinstance(optimizer, DPOptimizer):
             refuse_unsupported_layers(self)
             if kwargs.get("jit_compile", "auto") == "auto":
@@ -138,9 +147,6 @@ class PrivateModel(keras.Model):
                 # is not tested here; opt in with jit_compile=True.
                 kwargs["jit_compile"] = False
         super().compile(optimizer, loss, *args, **kwargs)
-
-    def get_compile_config(self) -> dict[str, Any]:
-        return super().get_compile_config()
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
         """Re-compile on ``keras.models.load_model`` (restores the DP optimizer state)."""
@@ -294,14 +300,21 @@ class PrivateModel(keras.Model):
             dataset or generator without ``sampling=``), or when B disagrees with the
             optimizer's ``expected_batch_size``.
         """
-        split = kwargs.get("validation_split", args[4] if len(args) > 4 else 0.0) or 0.0
+        # Keras's positional arguments after batch_size, by name (callbacks, validation_split
+        # and shuffle are read below)
+        if len(args) > len(_FIT_POSITIONAL):
+            raise TypeError(f"fit takes at most {3 + len(_FIT_POSITIONAL)} positional arguments")
+        for name, value in zip(_FIT_POSITIONAL, args):
+            if name in kwargs:
+                raise TypeError(f"fit got multiple values for argument {name!r}")
+            kwargs[name] = value
+        split = kwargs.get("validation_split", 0.0) or 0.0
         spec, poisson = sampling_for_fit(x, batch_size, split, sampling)
         optimizer = getattr(self, "optimizer", None)
         self._open_ledger(spec, poisson, optimizer)
         replicas = self.distribute_strategy.num_replicas_in_sync
         if isinstance(x, tf.data.Dataset):
-            if len(args) < 6:  # shuffle is the 6th after batch_size
-                kwargs.setdefault("shuffle", False)  # a dataset is not reshuffled by Keras anyway
+            kwargs.setdefault("shuffle", False)  # a dataset is not reshuffled by Keras anyway
             if replicas > 1:
                 x = pad_to_replicas(x, replicas)
         watch = NonTrainableWatch(self.base_model) if isinstance(optimizer, DPOptimizer) else None
@@ -310,7 +323,7 @@ class PrivateModel(keras.Model):
             callbacks.append(WatchFirstStep(watch))
         if watch is not None:
             callbacks.append(ReportFallbacks(self.fallback_tracker))
-        return super().fit(x, y, batch_size, *args, callbacks=callbacks, **kwargs)
+        return super().fit(x, y, batch_size, callbacks=callbacks, **kwargs)
 
     def open_segment(self, sampling: PoissonSampling) -> None:
         """Open (or continue) the ledger segment for steps at ``sampling`` (custom loops)."""

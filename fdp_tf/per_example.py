@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from fdp_tf.clipping import check_batch_size, clip_factors, regularization_gradient, release
+from fdp_tf.config import PER_EXAMPLE_METHODS
 from fdp_tf.forward import ZERO, ForwardFn, PrivateGradient, RecordedForward, record_forward
 from fdp_tf.introspection import looped_rnn_layers
 from fdp_tf.layerwise import layerwise_norms, reconstructed_sum
@@ -29,7 +30,8 @@ __all__ = [
     "vanilla_private_gradient",
 ]
 
-PER_EXAMPLE_METHODS = ("layerwise", "vectorized", "loop")
+# the methods of this function ("auto" is the optimizer's choice among them, config.py)
+_METHODS = tuple(m for m in PER_EXAMPLE_METHODS if m != "auto")
 
 
 def per_example_gradients(
@@ -141,9 +143,9 @@ def vanilla_private_gradient(
         the model at all it warns and uses pfor (the loop for looped RNNs).
       model: the Keras model run by ``forward_fn`` (for ``"layerwise"``).
     """
-    if per_example_method not in PER_EXAMPLE_METHODS:
+    if per_example_method not in _METHODS:
         raise ValueError(
-            f"per_example_method must be one of {list(PER_EXAMPLE_METHODS)}; got {per_example_method!r}"
+            f"per_example_method must be one of {list(_METHODS)}; got {per_example_method!r}"
         )
     batch = check_batch_size(expected_batch_size)
     draws = step_randomness(rng)

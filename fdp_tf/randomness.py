@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import secrets
 import warnings
-from typing import Any, Sequence, Union
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 __all__ = [
     "NotPrivateWarning",
-    "RandomSource",
     "StepRandomness",
     "add_gaussian_noise",
     "num_replicas",
@@ -39,7 +38,6 @@ __all__ = [
     "step_randomness",
 ]
 
-RandomSource = Union[tf.random.Generator, None]
 
 # draw streams within a step: JL directions, noise and the layer-wise coverage check
 # never share a key

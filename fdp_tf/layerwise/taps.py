@@ -69,8 +69,9 @@ class _Tap:
         """The layer's variables' per-example gradients, from grad = dL/d(target)."""
         layer, inputs = self.layer, self.values.get("inputs")
         if self.kind == "embedding":
-            ids = tf.reshape(inputs, (tf.shape(grad)[0], -1))
-            return [VariableGradient(self.owned[0], (EmbeddingPiece(ids, flatten_middle(grad), int(self.owned[0].shape[0])),))]
+            rows = int(self.owned[0].shape[0])
+            ids = _table_rows(tf.reshape(inputs, (tf.shape(grad)[0], -1)), rows, self.layer.name)
+            return [VariableGradient(self.owned[0], (EmbeddingPiece(ids, flatten_middle(grad), rows),))]
         if self.kind in ("lstm", "gru", "simple_rnn"):
             return recurrent_gradients(self, grad)
         g = flatten_middle(grad)
@@ -78,6 +79,20 @@ class _Tap:
         if layer.bias is not None:
             out.append(VariableGradient(layer.bias, (SumPiece(g),)))
         return out
+
+
+def _table_rows(ids: tf.Tensor, rows: int, name: str) -> tf.Tensor:
+    """The table rows the layer read: Keras's ``take`` wraps a negative id (-1 is the last
+    row). Ids outside [-rows, rows) are refused: on a GPU the lookup returns zeros for
+    them, and as keys they would land in another example's rows of the norm sum."""
+    ids = tf.cast(ids, tf.int64)
+    tf.debugging.assert_less(
+        ids, tf.constant(rows, tf.int64),
+        message=f"embedding layer {name!r}: a token id is >= its input_dim {rows}")
+    tf.debugging.assert_greater_equal(
+        ids, tf.constant(-rows, tf.int64),
+        message=f"embedding layer {name!r}: a token id is < -{rows} (its -input_dim)")
+    return tf.where(ids < 0, ids + rows, ids)
 
 
 def _patches(kind: str, layer: Any, inputs: tf.Tensor, dtype: Any) -> tf.Tensor:

@@ -471,9 +471,10 @@ def test_vectorized_per_example_gradients_fall_back_to_the_loop(monkeypatch) -> 
     np.testing.assert_allclose(result.norms.numpy(), expected, rtol=1e-4)
 
 
-def test_int_seed_gives_independent_draws_within_a_step() -> None:
-    """An int seed must not repeat one draw: equal noise on equally shaped variables, or
-    noise equal to a JL direction, would let an observer cancel it."""
+def test_a_seeded_generator_gives_independent_draws_within_a_step() -> None:
+    """A seeded generator (ints are refused) must not repeat one draw: equal noise on
+    equally shaped variables, or noise equal to a JL direction, would let an observer
+    cancel it."""
     shapes = [tf.zeros((3, 4)), tf.zeros((3, 4))]
     noise = [n.numpy() for n in fdp_tf.add_gaussian_noise(shapes, 1.0, rng=tf.random.Generator.from_seed(7))]
     directions = [d.numpy()[0] for d in fdp_tf.sample_directions(shapes, 1, rng=tf.random.Generator.from_seed(7))]

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("tensorflow", minversion="2.16")
 pytest.importorskip("keras", minversion="3.0")
 
+import math
 import warnings
 
 import keras
@@ -107,8 +108,8 @@ def test_layerwise_never_releases_more_than_c_per_example(name: str) -> None:
     np.testing.assert_allclose(flat(result.gradients), expected, rtol=1e-4, atol=1e-7)
 
 
-def test_reconstruction_catches_a_weight_read_outside_its_layer_in_graph_mode() -> None:
-    """Inside tf.function the per-step reconciliation picks the exact loop on a mismatch."""
+def test_coverage_check_catches_a_weight_read_outside_its_layer_in_graph_mode() -> None:
+    """Inside tf.function the per-step coverage check picks the exact loop on a miss."""
     model = _tied_embedding_model()
     x = np.random.default_rng(0).integers(0, 12, size=(5, 3)).astype("int32")
     y = np.random.default_rng(1).integers(0, 12, size=5).astype("int32")
@@ -220,6 +221,10 @@ def test_vectorized_path_survives_an_empty_poisson_batch() -> None:
 
     grads = step(tf.constant(x[:0]), tf.constant(y[:0]))
     assert all(np.all(np.isfinite(g)) for g in grads)
+    # an empty batch still releases the noise, at its full std sigma C / B = 1/4: over
+    # m coordinates the sample std has relative standard error 1/sqrt(2m) (~8 % here)
+    noise = flat(grads)
+    assert abs(noise.std() / 0.25 - 1.0) < 4.0 / np.sqrt(2 * noise.size)
 
 
 class _ScanLayer(keras.layers.Layer):
@@ -421,3 +426,73 @@ def test_after_a_rerun_norms_and_clip_factors_belong_to_the_rerun() -> None:
     np.testing.assert_allclose(norms[kept], exact, rtol=1e-4)
     np.testing.assert_allclose(factors[kept], np.minimum(1.0, 0.1 / np.array(exact)), rtol=1e-4)
     assert np.isnan(norms[2]) and factors[2] == 0.0 and int(result.dropped) == 1
+
+
+def test_negative_token_ids_are_the_rows_keras_reads():
+    """Keras's take wraps id -1 to the last row; the taps used the raw id, so example i's
+    key example*rows + id landed in example i-1's rows: norms 0.014 where the truth is
+    14.1, and a released gradient 13x C apart between neighbours. Norms and the clipped
+    sum now match a per-example loop; ids outside [-rows, rows) are refused."""
+    rows = 5
+    tokens = keras.Input((1,), dtype="int32")
+    embedding = keras.layers.Embedding(rows, 2)
+    model = keras.Model(tokens, keras.layers.Dense(3)(keras.layers.Flatten()(embedding(tokens))))
+    x = np.array([[4], [-1], [-5], [2]], "int32")
+    y = np.array([0, 1, 2, 1], "int32")
+    clip = 0.05
+    result = fdp_tf.vanilla_private_gradient(
+        forward_fn(model, x, y, training=False), model.trainable_variables, l2_norm_clip=clip,
+        noise_multiplier=0.0, expected_batch_size=4, per_example_method="layerwise", model=model)
+    exact = loop_per_example_gradients(model, x, y)
+    norms = np.array([np.linalg.norm(g) for g in exact])
+    np.testing.assert_allclose(result.norms.numpy(), norms, rtol=1e-4)
+    expected = sum(min(1.0, clip / n) * g for g, n in zip(exact, norms)) / 4
+    np.testing.assert_allclose(flat(result.gradients), expected, rtol=1e-4, atol=1e-7)
+    from fdp_tf.layerwise.taps import _table_rows
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input_dim"):
+        _table_rows(tf.constant([[0, rows]]), rows, "emb")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input_dim"):
+        _table_rows(tf.constant([[-rows - 1]]), rows, "emb")
+
+
+def test_steps_after_a_recompile_are_not_booked_on_the_old_segment():
+    """fit with DP-SGD, then compile(SGD) and train_on_batch: the non-private steps were
+    counted as more steps at sigma = 1 (epsilon 2.85 -> 3.25 where it is infinite). A
+    recompile closes the ledger's segment: a step without fit or open_segment is refused."""
+    x, y = dense_data(n=64)
+    model = fdp_tf.make_private(
+        dense_model(), optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0), loss=CE)
+    model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=16), epochs=1, verbose=0)
+    booked = model.ledger
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=CE)
+    with pytest.raises(ValueError, match="sampling of this training step is unknown"):
+        model.train_on_batch(x[:16], y[:16])
+    assert model.ledger == booked
+    model.open_segment(fdp_tf.PoissonSampling(num_examples=64, expected_batch_size=16))
+    model.train_on_batch(x[:16], y[:16])
+    assert model.epsilon(DELTA) == math.inf
+
+
+def test_validation_split_given_by_position_sets_the_rate():
+    """fit(x, y, batch_size, epochs, verbose, callbacks, validation_split) read the split
+    from the wrong position (and positional callbacks clashed with the wrapper's)."""
+    x, y = dense_data(n=64)
+    model = fdp_tf.make_private(
+        dense_model(), optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0), loss=CE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fdp_tf.SamplingWarning)
+        model.fit(x, y, 8, 1, 0, None, 0.5)
+    assert model.ledger.segments[-1].sampling_rate == 8 / 32
+
+
+def test_the_default_path_never_says_it_is_not_private():
+    """tests/tf/conftest.py ignores NotPrivateWarning for the seeded tests; an unseeded
+    run (OS entropy) must not emit it, or users would learn to ignore it."""
+    x, y = dense_data(n=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fdp_tf.NotPrivateWarning)
+        model = fdp_tf.make_private(dense_model(), optimizer=fdp_tf.DPSGDJL(
+            l2_norm_clip=1.0, noise_multiplier=1.0, jl_projections=2), loss=CE)
+        model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=8), epochs=1, verbose=0)
+        fdp_tf.add_gaussian_noise([tf.zeros(3)], 1.0)
