@@ -1,9 +1,9 @@
 """What the run-time privacy checks cost: the same step with and without them, interleaved.
 
 The checks of a private step are the rerun on the examples with a finite loss
-(every optimizer) and, for exact layer-wise clipping, the coverage check (one
-backward pass to the variables besides the taps' targets, and random rank-one
-probes; see ``fdp_tf.layerwise.coverage_check``). Their cost is a ratio of two
+(every optimizer) and, for exact layer-wise clipping, the coverage check (the
+tape's gradient of the weights, which only the uses the taps missed reach; see
+``fdp_tf.layerwise.escaped_gradients_vanish``). Their cost is a ratio of two
 step times of one process, so this script measures it without the drift of a
 shared machine: for each model it traces a non-DP step, each DP step with the
 checks and the same DP step without them, then calls them in turn, round after

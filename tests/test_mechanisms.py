@@ -17,12 +17,8 @@ import pytest
 from scipy import integrate, stats
 
 import fdp
-from fdp.mechanisms.from_delta import (
-    NonConvexProfileWarning,
-    first_nonconvex_point,
-    lower_profile,
-    symmetric_pair_from_curve,
-)
+from fdp.mechanisms.from_delta import NonConvexProfileWarning
+from fdp.mechanisms.profile_pairs import first_nonconvex_point, lower_profile, symmetric_pair_from_curve
 from fdp.mechanisms.gaussian import subsampled_gaussian_delta
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
@@ -657,3 +653,18 @@ def test_from_delta_of_valid_profiles_does_not_warn_and_nonconvexity_is_located(
     jump = np.where(grid < 2.0, 0.25, 0.0)
     j = first_nonconvex_point(grid, jump)
     assert j is not None and abs(grid[j] - 2.0) < 0.01
+
+
+@pytest.mark.parametrize("eps0", [0.689, 2.7136, 2.6615915318105268, 1.3, 4.2])
+def test_from_delta_of_rr_has_no_rounding_atom_at_infinite_loss(eps0):
+    """Near the fixed point the polygon of RR has a vertex an ulp off the diagonal, which
+    left an outcome (5e-17, 0) in the optimistic pair: a lower bound on epsilon of inf at
+    delta = 1e-18 where the truth is eps0 (and above the upper bound at eps0 = 2.7136),
+    and a delta lower bound of 5.6e-17 where the truth is 0."""
+    grid = np.union1d(np.linspace(0.1, 2 * eps0, 21), [eps0])
+    acc = fdp.PLDAccountant().compose(fdp.FromDelta(rr_profile(eps0), epsilons=grid), 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # an upper bound of inf warns
+        lo, hi = acc.get_epsilon_bounds(1e-18)
+    assert lo <= eps0 + 1e-12 and lo <= hi
+    assert acc.get_delta_bounds(eps0 + 0.5)[0] == 0.0

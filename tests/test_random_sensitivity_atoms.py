@@ -89,6 +89,8 @@ def test_atoms_are_listed_with_their_masses() -> None:
     poisson = ScipyLaw(stats.poisson(4.0)).atoms()
     assert poisson.z[0] == 0 and poisson.above <= 1e-30 and abs(poisson.w.sum() - 1) < 1e-12
     assert ScipyLaw(stats.chi(3)).atoms() is None
+    # nothing below the first atom: cdf(z0) - pmf(z0) said 7e-16
+    assert ScipyLaw(stats.binom(10, 1e-3)).atoms().below == 0.0
 
 
 def test_the_bottom_cell_keeps_an_atom_at_the_lower_end() -> None:

@@ -121,22 +121,13 @@ from fdp.mechanisms.profile_pairs import (
     CONVEX_RTOL,
     MAX_EPSILON,
     convexity_excess,
-    first_nonconvex_point,
     lower_profile,
     step_lower_profile,
     symmetric_pair_from_curve,
 )
 from fdp.pld.cells import Direction, Grid, LossCells
 
-__all__ = [
-    "FromDelta",
-    "NonConvexProfileWarning",
-    "convexity_excess",
-    "first_nonconvex_point",
-    "lower_profile",
-    "step_lower_profile",
-    "symmetric_pair_from_curve",
-]
+__all__ = ["FromDelta", "NonConvexProfileWarning"]
 
 #: delta below this at the top of the default grid ends the grid there.
 _TAIL_DELTA = 1e-20
@@ -287,7 +278,7 @@ class FromDelta(Mechanism):
         opt_curve = epsilon_delta_curve(eps_v, low_v)
         return _Pairs(
             pess=symmetric_pair_from_curve(pess_curve),
-            opt=symmetric_pair_from_curve(opt_curve),
+            opt=symmetric_pair_from_curve(opt_curve, merge_rounding=True),
             curve=pess_curve,
         )
 

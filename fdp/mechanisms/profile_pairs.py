@@ -53,7 +53,13 @@ def first_nonconvex_point(eps: np.ndarray, dlt: np.ndarray, rtol: float = CONVEX
     return j if excess > rtol else None
 
 
-def symmetric_pair_from_curve(curve) -> tuple[np.ndarray, np.ndarray]:
+#: Left-half outcomes with P0 + P1 below this are float rounding of the polygon near its
+#: fixed point (a vertex an ulp off the diagonal): the optimistic pair merges each with
+#: its mirror image.
+ROUNDING_MASS = 1e-14
+
+
+def symmetric_pair_from_curve(curve, *, merge_rounding: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(log P0, log P1) of a discrete pair with T(P0||P1) = ``curve`` (a symmetric polygon).
 
     Fact (c) of the module docstring: the left half of the polygon, up to the
@@ -62,6 +68,15 @@ def symmetric_pair_from_curve(curve) -> tuple[np.ndarray, np.ndarray]:
     complements 1 - beta where beta > 1/2, so that small masses keep their
     relative precision), plus the certain outcome (0, 1 - f(0)); the right half
     is their mirror image (d1_k, d0_k), (1 - f(0), 0).
+
+    A vertex an ulp off the diagonal leaves a spurious outcome of mass ~1e-17, e.g.
+    (5e-17, 0): a loss of +inf that randomized response does not have. With
+    ``merge_rounding`` (the optimistic pair) each left outcome below ``ROUNDING_MASS``
+    is merged with its mirror image (d1, d0) into one outcome (d0 + d1, d0 + d1) of
+    loss 0. Merging outcomes is a post-processing, so the merged pair is dominated by
+    the unmerged one (sound for a lower bound, never for an upper one), and the other
+    outcomes, whose losses are the polygon's slopes, are untouched. The pessimistic
+    pair keeps them (sound, only looser below delta ~ 1e-16).
     """
     a, b = curve.alpha, curve.beta
     bc = curve._beta_c  # 1 - beta, kept without cancellation by PiecewiseLinearCurve
@@ -79,8 +94,14 @@ def symmetric_pair_from_curve(curve) -> tuple[np.ndarray, np.ndarray]:
         bc_l = np.append(bc[:k], 1.0 - a_star)
     d0 = np.clip(np.diff(a_l), 0.0, None)
     d1 = np.clip(np.where(b_l[:-1] <= 0.5, -np.diff(b_l), np.diff(bc_l)), 0.0, None)
-    p0 = np.concatenate([[0.0], d0, d1, [p_inf]])
-    p1 = np.concatenate([[p_inf], d1, d0, [0.0]])
+    centre = []
+    if merge_rounding:
+        tiny = (d0 + d1) <= ROUNDING_MASS
+        if np.any(tiny):
+            centre = [float(np.sum(d0[tiny]) + np.sum(d1[tiny]))]
+            d0, d1 = d0[~tiny], d1[~tiny]
+    p0 = np.concatenate([[0.0], d0, centre, d1, [p_inf]])
+    p1 = np.concatenate([[p_inf], d1, centre, d0, [0.0]])
     with np.errstate(divide="ignore"):
         return np.log(p0), np.log(p1)
 

@@ -34,19 +34,20 @@ class GridPlan:
     grids: tuple[Grid, ...]
 
 
-def exact_divisor(anchor: float, k: int) -> float:
-    """h, within 4 ulp of anchor / j for the first j = k, k - 1, ..., k - 15 where one
-    such float has j * h == anchor in float64 (then the grid point j h is the anchor
-    itself, not an ulp off: an atom there is not split, nor rounded down a whole
-    cell); else anchor / k. Halving h keeps the property."""
-    for j in range(k, max(k - 16, 0), -1):
+def exact_divisor(anchor: float, k: int, floor: float) -> float:
+    """h within 4 ulp of anchor / j with j * h == anchor in float64 and h >= floor, for
+    the first j of k, k + 1, ..., k + 15 (finer) or else of k - 1, ..., k - 15 (coarser)
+    that has one: the grid point j h is then the anchor itself, not an ulp off (an atom
+    there is not split, nor rounded down a whole cell). Else anchor / k. Halving h keeps
+    the property."""
+    for j in [*range(k, k + 16), *range(k - 1, max(k - 16, 0), -1)]:
         candidates = [anchor / j]
         up = down = candidates[0]
         for _ in range(4):
             up, down = math.nextafter(up, math.inf), math.nextafter(down, 0.0)
             candidates += [up, down]
         for h in candidates:
-            if j * h == anchor:
+            if j * h == anchor and h >= floor:
                 return h
     return anchor / k
 
@@ -82,7 +83,8 @@ def grid_plan(events: Sequence[tuple[Any, int]], direction: Direction, tail_mass
         # there); the halvings of refinement keep it on
         anchor = max(events, key=lambda ev: ev[1])[0].grid_anchor(direction)
         if anchor is not None and abs(anchor) >= h0:
-            h0 = exact_divisor(abs(anchor), math.floor(abs(anchor) / h0))
+            # k = floor(...): anchor / k >= h0 >= floor; the search only refines from there
+            h0 = exact_divisor(abs(anchor), math.floor(abs(anchor) / h0), floor)
         h = max(h0 / 2.0**level, floor)
     grids = []
     for lo, hi in ranges:

@@ -34,6 +34,7 @@ import numpy as np
 from numba import njit
 
 from fdp._validation import check_array, check_delta
+from fdp.pld.roundoff import U
 
 __all__ = ["DiscretePLD"]
 
@@ -118,7 +119,7 @@ class DiscretePLD:
         place, so the computed T_j is within a factor (1 + 2^-53)^(3n) of the exact
         one; that factor (and its inverse for a lower bound) is applied.
         """
-        kappa = 4.0 * (self.pmf.size + 2) * 2.0**-53
+        kappa = 4.0 * (self.pmf.size + 2) * U
         tail = _grid_tail_delta(self.pmf, self.h)
         tail = tail * (1.0 + kappa) if self.bound > 0 else tail / (1.0 + kappa)
         at = self.losses

@@ -88,9 +88,8 @@ def profile_envelope(epsilon: np.ndarray, delta: np.ndarray) -> PiecewiseLinearC
     """
     eps = np.asarray(epsilon, dtype=np.float64).ravel()
     dlt = np.clip(np.asarray(delta, dtype=np.float64).ravel(), 0.0, 1.0)
-    keep = np.isfinite(eps) & (eps <= _MAX_STEEP_EPS)
-    eps, dlt = eps[keep], dlt[keep]
-    return _upper_envelope(-np.exp(eps), 1.0 - dlt, dlt)
+    finite = np.isfinite(eps)
+    return _upper_envelope(*_lines(eps[finite], dlt[finite], symmetric=False))
 
 
 def composed_tradeoff(plds: dict[Any, Any]) -> PiecewiseLinearCurve:

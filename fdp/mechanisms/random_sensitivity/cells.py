@@ -114,10 +114,17 @@ def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: boo
     if pessimistic:
         z[high] = math.inf
         w[0] += atoms.below
-        z, w = np.append(z, math.inf), np.append(w, atoms.above)
+        # above: what sf reports, or what the listed masses leave (a custom sf may say 0)
+        rest = max(atoms.above, 1.0 - float(w.sum()))
+        z, w = np.append(z, math.inf), np.append(w, rest)
     else:
-        z[high] = max(z_top, float(z[~high].max(initial=0.0)))
+        z[high] = z_top
         z, w = np.append(z, [0.0, z[-1]]), np.append(w, [atoms.below, atoms.above])
+        # rounded pmf values may sum above 1: scale down (a sub-probability only lowers
+        # delta, so it stays a lower bound; scaling up would not)
+        total = float(w.sum())
+        if total > 1.0:
+            w = w / (total * (1.0 + 4 * 2.0**-53))
     return z / sigma, w
 
 
