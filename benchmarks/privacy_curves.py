@@ -53,7 +53,7 @@ def curve(mech: fdp.Mechanism, epochs: int) -> list[tuple[float, float]]:
     """[(lower, upper) epsilon at DELTA for e = 1..epochs]."""
     t_max = epochs * STEPS_PER_EPOCH
     tail = _tail_budget(DELTA)
-    heavy = mech.intrinsic_rtol > 0.0 and getattr(mech, "jl_projections", 2) < 2
+    heavy = getattr(mech, "jl_projections", 2) < 2
     # r = 1 spans losses up to ~1e15: a window of 2^21 points (the mass cut off above it
     # goes to +inf, so the upper bound stays sound) keeps its FFTs affordable
     max_points = 1 << 21 if heavy else fdp.accountant.MAX_FFT_POINTS

@@ -146,9 +146,9 @@ class PLDAccountant:
         direction that sets the upper bound is refined (grid halved): the
         optimistic side first (the merging discretisation is the looser one), the
         pessimistic side once the optimistic one has stopped moving; at most
-        ``max_refinements`` times each. The tolerance is ``epsilon_rtol * upper``,
-        or the mechanisms' own ``intrinsic_rtol`` if larger (a mechanism known only
-        up to a bound, like the JL mechanism, has a gap no grid can close). If the
+        ``max_refinements`` times each; a side whose halving moved it by less than a
+        quarter of the gap has converged in h and is not refined again. The tolerance
+        is ``epsilon_rtol * upper``. If the
         bounds end more than 2x apart (a heavy upper tail stretched the grid, as
         for ``fdp.JL`` with r = 1), the lower bound is recomputed on grids cut at a
         cap (:meth:`_capped_lower`). Every value computed is a valid bound,
@@ -165,7 +165,7 @@ class PLDAccountant:
         delta = check_certifiable_delta(delta)
         self._require_events()
         tail = tail_budget(delta)
-        rtol = max([self.epsilon_rtol] + [m.intrinsic_rtol for m, _ in self._grouped()])
+        rtol = self.epsilon_rtol
         tilts: dict[Direction, float] = {}
         lo, hi, d, sides, his = self._epsilon_pass(delta, tail, rtol, tilts)
         for _ in range(_TILT_PASSES):
@@ -189,7 +189,6 @@ class PLDAccountant:
         each direction's upper)."""
         refine = self.grid_spacing is None
         directions = self._directions()
-        inexact = rtol > self.epsilon_rtol
         # remove first (it leads for eps >= 0 in the usual cases); the other
         # direction is screened on a 4x coarser grid
         level = {(d, s): (0 if i == 0 or not refine else -2) for i, d in enumerate(directions)
@@ -214,7 +213,7 @@ class PLDAccountant:
                 continue
             if not refine or gap <= rtol * hi or not math.isfinite(hi):
                 break
-            if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), gap, inexact):
+            if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), gap):
                 break
         return lo, hi, d, {(k, s): side(k, s) for k in directions for s in (True, False) if level[(k, s)] >= 0}, his
 
@@ -251,14 +250,13 @@ class PLDAccountant:
         until the bracket is as tight as an epsilon bracket would be: the upper
         curve must come down to the lower bound ``lo`` within
         ``epsilon_rtol * max(epsilon, 1)`` of ``epsilon`` (a relative gap on delta
-        itself would ask far more where delta(eps) is steep). The tolerance is the
-        mechanisms' ``intrinsic_rtol`` if larger. Every value is a valid bound. Where
+        itself would ask far more where delta(eps) is steep). Every value is a valid bound. Where
         the FFT round-off is not small against delta, the FFTs are redone tilted
         towards ``epsilon`` (as in :meth:`get_epsilon_bounds`).
         """
         epsilon = check_real("epsilon", epsilon, low=0.0)
         self._require_events()
-        rtol = max([self.epsilon_rtol] + [m.intrinsic_rtol for m, _ in self._grouped()])
+        rtol = self.epsilon_rtol
         lo, hi, sides = self._delta_pass(epsilon, rtol, {}, 1e-15)
         if round_off_matters(sides, max(lo, 1e-300), rtol, epsilon, epsilon):
             # the round-off (or the tails) are not small against delta: tilt the FFTs
@@ -273,7 +271,6 @@ class PLDAccountant:
         """One refinement loop of :meth:`get_delta_bounds`: (lower, upper, the sides used)."""
         refine = self.grid_spacing is None
         directions = self._directions()
-        inexact = rtol > self.epsilon_rtol
         level = {(d, s): 0 for d in directions for s in (True, False)}
         stalled: set[tuple[Direction, bool]] = set()
 
@@ -294,11 +291,11 @@ class PLDAccountant:
             reach = side(d, True).epsilon(lo) if lo > 0.0 else math.inf  # where the upper curve is down to lo
             if reach - epsilon <= rtol * max(epsilon, 1.0):
                 return lo, hi, sides
-            if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), hi - lo, inexact):
+            if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), hi - lo):
                 return lo, hi, sides
 
     def _refine_one_side(self, d: Direction, level: dict, stalled: set, value: Any,
-                         before: tuple[float, float], gap: float, inexact: bool) -> bool:
+                         before: tuple[float, float], gap: float) -> bool:
         """Halve h on one side of direction ``d``: the optimistic side first (the merging
         discretisation is the looser one), the pessimistic side once it has stalled.
         ``before`` is the (optimistic, pessimistic) value at the current levels. Returns
@@ -314,8 +311,9 @@ class PLDAccountant:
             level[(d, side)] -= 1
             stalled.add((d, side))
             return True
-        if abs(after - before[int(side)]) < 0.25 * gap and inexact:
-            # converged in h: the rest of the gap is the mechanism's own (intrinsic_rtol)
+        if abs(after - before[int(side)]) < 0.25 * gap:
+            # converged in h: what is left of the gap is the other side's (or the
+            # mechanism's own cells'); refining this side again would not close it
             stalled.add((d, side))
         return True
 

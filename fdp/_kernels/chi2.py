@@ -6,8 +6,7 @@ expectation over Z of a subsampled-Gaussian quantity:
 
 * :func:`mixture_cells` -- sum_j w_j * cells(mu_j) on a loss grid (the PLD of a
   discrete mixture), K mixture components times n grid points;
-* :func:`mixture_delta` -- sum_j w_j * delta_subsampled_gauss(eps; mu_j, p);
-* :func:`mixture_alpha_beta` -- sum_j w_j * (Phi(-t/mu_j - mu_j/2), Phi(t/mu_j - mu_j/2)).
+* :mod:`fdp._kernels.chi2_quadrature` -- the mixtures' delta and (alpha, beta).
 
 All Gaussian probabilities are computed as logs from one ``math.erfc`` per
 point and shift (log Phi(s) and log Phi(-s) from the same erfc), with the
@@ -27,12 +26,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = [
-    "log_ndtr_pair",
-    "mixture_cells",
-    "mixture_delta",
-    "mixture_alpha_beta",
-]
+__all__ = ["log_ndtr_pair", "mixture_cells"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -128,7 +122,14 @@ def _remove_loss(x, mu, logp, log1mp):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, stride,
+def _block(offset, h, i, base, eta):  # pragma: no cover - numba
+    """Cells in the block starting at grid point i (>= 1)."""
+    width = eta * max(base, abs((offset + i) * h)) / h
+    return int(min(max(width, 1.0), 1e9))
+
+
+@njit(cache=True)
+def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta,
                    p_cell, u_cell, tails):  # pragma: no cover - numba
     """Add w * cells(mu) into p_cell/u_cell/tails (p_left, d_left, p_right, u_right, p_inf).
 
@@ -138,16 +139,17 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, stride,
     up), right part to +inf; optimistic -> left part to ell_0 (loss moved down),
     right part at the last evaluated point (loss moved down).
 
-    With ``stride`` s > 1 only every s-th grid point is evaluated. Each block
-    [ell_k, ell_{k+s}] of s cells is then known by its exact P-mass and excess
+    Only the ends of blocks of width <= eta * max(base, |ell|) are evaluated
+    (``base``: the spread of the component's loss). Each block [ell_k, ell_{k+s}] of s cells is then known by its exact P-mass and excess
     u = P - e^{ell_k} Q, and is replaced by
       pessimistic: its connect-the-dots split onto the two block ends (P- and
         Q-mass kept; the block is a merge of the split, so the split dominates);
       optimistic: one merged atom at its likelihood ratio
-        ell* = ell_k - log(1 - u/P) (a garbling, so it is dominated), rounded
-        down to the grid point below it (its loss moves down by < h),
-    the first with an error second order in the block width, the second first
-    order in h only (not in the block width). Moving P-mass of the loss up
+        ell* = ell_k - log(1 - u/P) (a garbling, so it is dominated),
+        placed exactly in its cell (P-mass and excess u of the atom),
+    both with an error second order in the block width, and no drift: the
+    optimistic discretisation of :mod:`fdp.pld.discretise` merges the atoms
+    without rounding them. Moving P-mass of the loss up
     (the tails above) can only increase delta(eps) = E_P[(1 - e^{eps-L})_+] of the
     step and of every composition, moving it down only decreases it.
     """
@@ -170,11 +172,18 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, stride,
             b = n
         else:
             b = a + 1
-    s = max(1, stride)
-    m = (b - a + s - 1) // s + 1
+    # block ends: width <= eta * max(base, |ell|) (relative to the loss where it is
+    # large, to the component's spread near 0), at least one cell
+    m = 1
+    i = a
+    while i < b:
+        i = min(i + _block(offset, h, i, base, eta), b)
+        m += 1
     idx = np.empty(m, dtype=np.int64)
-    for i in range(m - 1):
-        idx[i] = a + i * s
+    i = a
+    for c in range(m - 1):
+        idx[c] = i
+        i = min(i + _block(offset, h, i, base, eta), b)
     idx[m - 1] = b
     t = np.empty(m)
     t0lo = np.empty(m)
@@ -234,14 +243,26 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, stride,
             p_cell[k] += w * (pc - right)
             p_cell[k + width - 1] += w * right
             u_cell[k + width - 1] += w * right * emh
-        else:  # merged atom at ell* = log(P/Q) of the block, rounded down to the grid
+        else:  # merged atom at its likelihood ratio ell* = log(P/Q) of the block
             # from the logs, not from u/P: where e^{ell_k} Q << P, u/P rounds to 1 and
-            # -log(1 - u/P) would lose ell*; a margin of 1e-9 cells absorbs round-off
-            # (rounding down further is always safe)
-            j = 0
+            # -log(1 - u/P) would lose ell*. The atom is placed exactly in its cell
+            # (p, u), not rounded to a grid point: the merging discretisation then
+            # has no drift. ell* is lowered by a margin covering the round-off of
+            # the logs (a lower ell* is a garbling of the atom: always safe).
             if lqb > -np.inf:
-                j = int(math.floor((lpc - lqb - ell) / h - 1e-9))
-            p_cell[k + min(max(j, 0), width - 1)] += w * pc
+                rel = lpc - lqb - ell
+                rel -= 1e-9 * h + 1e-14 * (abs(lpc) + abs(lqb) + abs(ell))
+                j = int(math.floor(rel / h))
+                if j < 0:
+                    p_cell[k] += w * pc
+                elif j >= width:
+                    p_cell[k + width - 1] += w * pc
+                    u_cell[k + width - 1] += w * pc * emh
+                else:
+                    p_cell[k + j] += w * pc
+                    u_cell[k + j] += w * pc * -math.expm1(j * h - rel)
+            else:
+                p_cell[k] += w * pc
     # ---- tails of the grid (exact where the window reaches the grid ends)
     j = m - 1
     if remove:
@@ -289,10 +310,11 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, stride,
 
 
 @njit(cache=True, parallel=True)
-def mixture_cells(offset, h, n, mus, ws, strides, p, remove, pessimistic, x_cut):  # pragma: no cover
+def mixture_cells(offset, h, n, mus, ws, bases, eta, p, remove, pessimistic, x_cut):  # pragma: no cover
     """sum_j ws[j] * cells(mus[j]) on the grid (offset + k) h, k = 0..n.
 
-    ``strides[j]`` >= 1 coarsens component j (see :func:`_one_component`).
+    Component j is evaluated on blocks of width <= eta * max(bases[j], |ell|)
+    (see :func:`_one_component`).
 
     Returns (p_cell, u_cell, tails) with tails = (p_left, d_left, p_right,
     u_right, p_inf). Components are split over threads, each with its own
@@ -307,95 +329,9 @@ def mixture_cells(offset, h, n, mus, ws, strides, p, remove, pessimistic, x_cut)
     for c in prange(chunks):
         for j in range(c, k_total, chunks):
             if ws[j] > 0.0:
-                _one_component(offset, h, n, mus[j], ws[j], p, remove, pessimistic, x_cut, strides[j],
+                _one_component(offset, h, n, mus[j], ws[j], p, remove, pessimistic, x_cut, bases[j], eta,
                                acc_p[c], acc_u[c], acc_t[c])
     p_cell = acc_p.sum(axis=0)
     u_cell = acc_u.sum(axis=0)
     tails = acc_t.sum(axis=0)
     return p_cell, u_cell, tails
-
-
-@njit(cache=True)
-def _sg_delta(eps, mu, p, remove):  # pragma: no cover - numba
-    """delta(eps) of one subsampled-Gaussian step (log space, as gaussian.py)."""
-    logp = math.log(p)
-    log1mp = math.log1p(-p) if p < 1.0 else -np.inf
-    if mu == 0.0:
-        return 0.0
-    if remove:
-        x = _threshold(eps, mu, p, logp, log1mp)
-        if x == -np.inf:
-            return -math.expm1(eps)  # every outcome has loss > eps: 1 - e^eps Q(all)
-        lo0, hi0 = log_ndtr_pair(x)
-        lo1, hi1 = log_ndtr_pair(x - mu)
-        log_sp = _logaddexp(log1mp + hi0, logp + hi1)
-        log_sq = eps + hi0
-    else:
-        x = _threshold(-eps, mu, p, logp, log1mp)  # L > eps <=> X < x
-        if x == -np.inf:
-            return 0.0
-        lo0, hi0 = log_ndtr_pair(x)
-        lo1, hi1 = log_ndtr_pair(x - mu)
-        log_sp = lo0
-        log_sq = eps + _logaddexp(log1mp + lo0, logp + lo1)
-    if log_sq >= log_sp:
-        return 0.0
-    v = math.exp(_logsubexp(log_sp, log_sq))
-    return min(max(v, 0.0), 1.0)
-
-
-@njit(cache=True, parallel=True)
-def mixture_delta(eps, mus, ws, p, remove):  # pragma: no cover - numba
-    """sum_j ws[j] * delta_subsampled_gauss(eps[i]; mus[j], p) for every i.
-
-    A component with mu = inf is the singular pair: remove -> P-mass p at +inf
-    and 1-p at log(1-p), delta = p + ((1-p) - e^eps)_+; add -> all P-mass at
-    -log(1-p), delta = (1 - (1-p) e^eps)_+ (1 at p = 1).
-    """
-    out = np.zeros(eps.shape[0])
-    for i in prange(eps.shape[0]):
-        e = eps[i]
-        s = 0.0
-        for j in range(mus.shape[0]):
-            mu = mus[j]
-            if mu == np.inf:
-                if remove:
-                    d = p + max(0.0, (1.0 - p) - math.exp(e))
-                else:
-                    d = max(0.0, -math.expm1(e + math.log1p(-p))) if p < 1.0 else 1.0
-            else:
-                d = _sg_delta(e, mu, p, remove)
-            s += ws[j] * d
-        out[i] = min(s, 1.0)
-    return out
-
-
-@njit(cache=True, parallel=True)
-def mixture_alpha_beta(t, mus, ws):  # pragma: no cover - numba
-    """alpha_i = sum_j w_j Phi(-t_i/mu_j - mu_j/2), beta_i = sum_j w_j Phi(t_i/mu_j - mu_j/2).
-
-    The seed's Lemma "privacy_curve_knownmean_Gaussian" with Z/sigma = mu. Sums
-    run from the smallest terms up (components are ordered by the caller).
-    """
-    alpha = np.zeros(t.shape[0])
-    beta = np.zeros(t.shape[0])
-    for i in prange(t.shape[0]):
-        ti = t[i]
-        sa = 0.0
-        sb = 0.0
-        for j in range(mus.shape[0]):
-            mu = mus[j]
-            if mu <= 0.0:
-                # mu -> 0: Phi(-t/mu) -> 1{t < 0} (+1/2 at t = 0)
-                va = 1.0 if ti < 0.0 else (0.5 if ti == 0.0 else 0.0)
-                vb = 1.0 if ti > 0.0 else (0.5 if ti == 0.0 else 0.0)
-            else:
-                lo, _ = log_ndtr_pair(-ti / mu - 0.5 * mu)
-                va = math.exp(lo)
-                lo, _ = log_ndtr_pair(ti / mu - 0.5 * mu)
-                vb = math.exp(lo)
-            sa += ws[j] * va
-            sb += ws[j] * vb
-        alpha[i] = sa
-        beta[i] = sb
-    return alpha, beta

@@ -47,9 +47,6 @@ class Mechanism(abc.ABC):
     kind: ClassVar[str] = ""
     #: True when ``loss_cells`` is exact (ignores ``pessimistic``): both sides share it.
     exact_cells: ClassVar[bool] = False
-    #: Relative gap (upper - lower) / upper of epsilon that the mechanism's own
-    #: pessimistic and optimistic cells leave however fine the grid (0 if exact).
-    intrinsic_rtol: ClassVar[float] = 0.0
     sampling_rate: float
 
     @abc.abstractmethod

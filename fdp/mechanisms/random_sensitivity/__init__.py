@@ -37,7 +37,12 @@ Z+ = inf and Z- = 0), and only the grid separates the bounds. Otherwise the bott
 cell is closed, [z_0, z_1], so that an atom at the lowest point of the support
 (and any mass the partition leaves below z_1) keeps its weight.
 Both are finite mixtures, whose PLDs (2) are sums of exact subsampled-Gaussian
-cells: ``pessimistic=True`` uses Z+, ``pessimistic=False`` uses Z-. The top cell
+cells. The components actually used are second order in the cell width
+(:mod:`.convexity`): every profile is convex in s = Phi(mu/2), so
+``pessimistic=True`` puts each cell on its two ends with the chord's weights
+(Edmundson-Madansky; the Z+ coupling is the special case pi = 1) and
+``pessimistic=False`` uses one point per cell at the conditional mean of s (Jensen;
+Z- is the special case at the lower end). The top cell
 of an unbounded Z has z_K = inf: its pessimistic component is the singular pair
 (mu = inf): remove -> P-mass p*w at L = +inf and (1-p)*w at L = log(1-p);
 add -> P-mass w at L = -log(1-p) (+inf at p = 1). Its optimistic component uses

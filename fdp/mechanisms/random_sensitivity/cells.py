@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from fdp._kernels.chi2 import mixture_cells
+from fdp.mechanisms.random_sensitivity.convexity import jensen_points, position_bounds, two_point_weights
 from fdp.mechanisms.random_sensitivity.laws import ZLaw
 from fdp.mechanisms.random_sensitivity.quadrature import Q_END
 from fdp.pld.cells import Direction, Grid, LossCells
@@ -22,13 +23,20 @@ __all__ = ["ETA_REL", "X_CUT", "cached_cells", "components", "partition", "z_cel
 #: Components' noise values are evaluated within X_CUT of their mean; the rest
 #: (<= 2 Phi(-X_CUT) ~ 1e-25 of each component) is placed on the safe side.
 X_CUT = 10.5
-#: Components are coarsened to blocks of width <= ETA_LOSS[pessimistic] * (their
-#: typical loss): the pessimistic side splits each block onto its ends (error
-#: second order in the width), the optimistic side rounds a merged atom down to
-#: the grid (first order in h), so it keeps finer blocks.
-ETA_LOSS = {True: 1e-2, False: 1e-3}
+#: Components are coarsened to blocks of width <= ETA_LOSS[pessimistic] * max(spread
+#: of their loss, |loss|): the pessimistic side splits each block onto its ends, the
+#: optimistic side merges it into one atom (both errors second order in the width;
+#: the merge loses more, so it keeps finer blocks).
+ETA_LOSS = {True: 1e-2, False: 3e-3}
 #: Relative width of a Z-cell where mu = Z/sigma >= 1.
 ETA_REL = 0.01
+#: Relative width of a Z-cell is also <= ETA_TAIL / mu^2: the two-point bound of
+#: :mod:`.convexity` gains over the cell's top end only where mu * (mu_hi - mu_lo) / 4 is small.
+ETA_TAIL = 0.4
+#: ... but no finer than this (the cells' cost grows like 1 / width up to the grid's top).
+ETA_REL_MIN = 1e-3
+#: ... and coarser where the range of mu above that would need more than this many.
+TAIL_CELLS = 2000
 #: Budget of the proxy error sum_j w_j [D(mu_hi) - D(mu_lo)] / sum_j w_j D(mu_j).
 ETA_BULK = 0.1
 
@@ -59,14 +67,20 @@ def partition(law: ZLaw, sigma: float, p: float, z_top: float) -> tuple[np.ndarr
     inner = np.concatenate([law.ppf(q), law.ppf(tail_q), law.isf(tail_q)])
     inner = inner[np.isfinite(inner) & (inner > z_bot) & (inner < z_top)]
     edges = np.unique(np.concatenate([[z_bot, z_top], inner]))
-    # relative width <= ETA_REL where mu >= 1 (and z > 0): geometric refinement
+    # relative width <= rho(mu) = ETA_TAIL / mu^2 clipped to [ETA_REL_MIN, ETA_REL] where
+    # mu >= 1 (and z > 0):
+    # geometric refinement
+    # (at most ~TAIL_CELLS geometric cells above the mu where ETA_TAIL / mu^2 = ETA_REL_MIN)
+    mu_fine = math.sqrt(ETA_TAIL / ETA_REL_MIN)
+    rho_min = max(ETA_REL_MIN, math.log(max(z_top / sigma, mu_fine) / mu_fine) / TAIL_CELLS)
     for _ in range(64):
         lo, hi = edges[:-1], edges[1:]
-        wide = (hi / sigma >= 1.0) & (hi > lo * (1.0 + ETA_REL))
+        rho = np.clip(ETA_TAIL / np.maximum(hi / sigma, 1.0) ** 2, rho_min, ETA_REL)
+        wide = (hi / sigma >= 1.0) & (hi > lo * (1.0 + rho))
         if not np.any(wide):
             break
         lo_w, hi_w = lo[wide], hi[wide]
-        k = np.ceil(np.log(hi_w / np.maximum(lo_w, 1e-300)) / math.log1p(ETA_REL)).astype(np.int64)
+        k = np.ceil(np.log(hi_w / np.maximum(lo_w, 1e-300)) / np.log1p(rho[wide])).astype(np.int64)
         k = np.minimum(k, 4096)
         new = [np.geomspace(a, b, int(m) + 1)[1:-1] for a, b, m in zip(lo_w, hi_w, k) if a > 0]
         new += [np.linspace(a, b, 3)[1:-1] for a, b in zip(lo_w, hi_w) if a <= 0]
@@ -103,12 +117,19 @@ def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: boo
     beyond the grid) and the mass the atoms leave out are placed on the safe side:
     Z+ takes inf above and the first atom below, Z- takes z_top (or the last atom)
     above and 0 below; both stay couplings (Z- <= Z <= Z+). Otherwise the cells of
-    :func:`partition`: mu_j = z_{j+1} / sigma (Z+) or z_j / sigma (Z-).
+    :func:`partition` with the bounds of :mod:`.convexity`: pessimistic, each finite
+    cell split onto its ends with the chord weights (6), components at the edges;
+    optimistic, one Jensen point (7) per cell (an infinite top cell: its lower end).
     """
     atoms = law.atoms()
     if atoms is None:
         edges, weights = partition(law, sigma, p, z_top)
-        return (edges[1:] if pessimistic else edges[:-1]) / sigma, weights
+        k = int(np.sum(np.isfinite(edges[1:])))  # cells with a finite upper edge
+        under, over = position_bounds(law, edges[:k], edges[1:k + 1], sigma, closed_first=True)
+        if pessimistic:  # (6): each finite cell onto its two ends
+            return edges / sigma, two_point_weights(edges, weights, over)
+        z_bar = np.concatenate([jensen_points(edges[:k], edges[1:k + 1], under, sigma), edges[k:-1]])
+        return z_bar / sigma, weights  # (7); an infinite top cell keeps its lower end
     z, w = atoms.z.copy(), atoms.w.copy()
     high = z > z_top
     if pessimistic:
@@ -129,6 +150,16 @@ def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: boo
 
 
 # -------------------------------------------------------------- cells
+def loss_spread(mu: np.ndarray, p: float) -> np.ndarray:
+    """~ the standard deviation of a component's loss: p sqrt(e^{mu^2} - 1), at most mu.
+
+    (Remove direction; for small p and mu the loss is ~ p (e^{mu x - mu^2/2} - 1).)
+    Only sets the block widths near loss 0, so it need not be exact."""
+    with np.errstate(over="ignore"):
+        spread = p * np.sqrt(np.expm1(np.minimum(mu * mu, 700.0)))
+    return np.ascontiguousarray(np.minimum(spread, mu))
+
+
 def add_point(p_cell, u_cell, tails, grid: Grid, ell: float, m: float) -> None:
     """Add P-mass m at loss ell (tails = [p_left, d_left, p_right, u_right, p_inf])."""
     if m <= 0:
@@ -167,11 +198,10 @@ def z_cells(law: ZLaw, sigma: float, p: float, direction: Direction, grid: Grid,
     remove = direction is Direction.REMOVE
     finite = np.isfinite(mus) & (mus > 0) & (weights > 0)
     mf = mus[finite]
-    scale = np.maximum(0.5 * mf * mf + math.log(p), 0.25 * mf * mf)
-    strides = np.maximum(1, np.floor(np.minimum(ETA_LOSS[bool(pessimistic)] * scale / grid.h, 1e9))).astype(np.int64)
     p_cell, u_cell, tails = mixture_cells(
         int(grid.offset), float(grid.h), int(grid.n),
-        np.ascontiguousarray(mf), np.ascontiguousarray(weights[finite]), strides,
+        np.ascontiguousarray(mf), np.ascontiguousarray(weights[finite]),
+        loss_spread(mf, p), ETA_LOSS[bool(pessimistic)],
         float(p), remove, bool(pessimistic), X_CUT,
     )
     tails = tails.copy()

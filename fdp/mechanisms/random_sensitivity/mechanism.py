@@ -23,9 +23,6 @@ class RandomSensitivityBase(Mechanism):
 
     noise_multiplier: float
     sampling_rate: float
-    #: Z+ and Z- differ by up to ETA_REL = 1 % in the cells that carry large
-    #: losses (~ Z^2, so 2 % in loss): the bounds cannot get closer than ~3 %.
-    intrinsic_rtol = 0.03
 
     def law(self) -> ZLaw:  # pragma: no cover - abstract
         """The law of the random sensitivity Z."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fdp._kernels.chi2 import mixture_alpha_beta, mixture_delta
+from fdp._kernels.chi2_quadrature import mixture_alpha_beta, mixture_delta
 from fdp.mechanisms.random_sensitivity.laws import ZLaw
 from fdp.pld.cells import Direction
 
