@@ -25,9 +25,6 @@ from fdp.mechanisms.random_sensitivity import RandomSensitivityGaussian
 from fdp.mechanisms.random_sensitivity.convexity import jensen_points, position_bounds
 from fdp.mechanisms.random_sensitivity.laws import ChiLaw
 
-mp.mp.dps = 40
-
-
 def _mp_delta(mu, eps, p, remove):
     """H_{e^eps}(P || Q) of the subsampled Gaussian pair, from the loss thresholds."""
     mu, eps, p = mp.mpf(mu), mp.mpf(eps), mp.mpf(p)
@@ -56,7 +53,13 @@ def _s(mu):
 )
 def test_chord_and_jensen_hold_at_every_eps(a, widths, weight, eps, p, remove):
     """(6) and (7) for a two-atom law nu inside [a, b], at any real eps, both directions:
-    delta(mu_bar) <= E_nu delta <= (1 - pi) delta(a) + pi delta(b)."""
+    delta(mu_bar) <= E_nu delta <= (1 - pi) delta(a) + pi delta(b). (40 digits, set here:
+    other test modules set mpmath's global precision at import.)"""
+    with mp.workdps(40):
+        _check_chord_and_jensen(a, widths, weight, eps, p, remove)
+
+
+def _check_chord_and_jensen(a, widths, weight, eps, p, remove):
     b = a + 0.01 + 3.0 * widths[0]
     m1, m2 = a + (b - a) * widths[1], a + (b - a) * widths[2]
     w = mp.mpf(weight)
@@ -101,11 +104,8 @@ def _mp_step_delta(eps, sigma, r, p, remove):
         x = r / z**2
         return mp.exp((r / 2 - 1) * mp.log(x) - x / 2 - (r / 2) * mp.log(2) - mp.loggamma(r / 2)) * 2 * r / z**3
 
-    mp.mp.dps = 20
-    try:
+    with mp.workdps(20):
         return mp.quad(lambda z: dens(z) * _mp_delta(z / sigma, eps, p, remove), [0, 0.5, 1, 2, 4, 8, mp.inf])
-    finally:
-        mp.mp.dps = 40
 
 
 @pytest.mark.parametrize("sigma,r,p,eps", [(1.0, 4, 0.2, 0.5), (0.6, 10, 0.05, 1.0), (0.8, 5, 1.0, 2.0)])

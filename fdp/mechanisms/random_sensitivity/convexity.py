@@ -71,7 +71,7 @@ def _theta(z: np.ndarray, a: np.ndarray, b: np.ndarray, sigma: float) -> np.ndar
     ta = _log_sbar(a, sigma)
     with np.errstate(invalid="ignore", divide="ignore"):
         th = np.expm1(_log_sbar(z, sigma) - ta) / np.expm1(_log_sbar(b, sigma) - ta)
-    return np.clip(np.nan_to_num(th, nan=1.0), 0.0, 1.0)
+    return th  # nan only for a degenerate cell: the callers take the safe end
 
 
 def position_bounds(law: ZLaw, lo: np.ndarray, hi: np.ndarray, sigma: float,
@@ -92,9 +92,11 @@ def position_bounds(law: ZLaw, lo: np.ndarray, hi: np.ndarray, sigma: float,
         v[0, 0] = float(law.mass(np.array(-math.inf), np.array(z[0, 1])))
     th = _theta(z, lo[:, None], hi[:, None], sigma)
     total = v.sum(axis=1)
+    th = np.clip(th, 0.0, 1.0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        under = (v * th[:, :-1]).sum(axis=1) / total
-        over = (v * th[:, 1:]).sum(axis=1) / total
+        # an undefined theta counts as 0 from below and 1 from above (the safe ends)
+        under = (v * np.nan_to_num(th[:, :-1], nan=0.0)).sum(axis=1) / total
+        over = (v * np.nan_to_num(th[:, 1:], nan=1.0)).sum(axis=1) / total
     # an empty cell: any position is valid; the safe ends
     under = np.where(total > 0, under, 0.0)
     over = np.where(total > 0, over, 1.0)
