@@ -109,8 +109,9 @@ def partition(law: ZLaw, sigma: float, p: float, z_top: float) -> tuple[np.ndarr
     return full, weights
 
 
+@functools.lru_cache(maxsize=32)
 def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(mu_j, w_j) of the Z+ (pessimistic) or Z- (optimistic) mixture.
+    """(mu_j, w_j) of the Z+ (pessimistic) or Z- (optimistic) mixture, cached (read-only).
 
     A discrete law is its own finite mixture: mu_j = z_j / sigma on both sides, so the
     two bounds differ only through the grid. Atoms above ``z_top`` (their losses are
@@ -121,6 +122,13 @@ def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: boo
     cell split onto its ends with the chord weights (6), components at the edges;
     optimistic, one Jensen point (7) per cell (an infinite top cell: its lower end).
     """
+    mus, weights = _components(law, sigma, p, z_top, pessimistic)
+    mus.setflags(write=False)
+    weights.setflags(write=False)
+    return mus, weights
+
+
+def _components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
     atoms = law.atoms()
     if atoms is None:
         edges, weights = partition(law, sigma, p, z_top)
@@ -189,6 +197,9 @@ def mu_top(direction: Direction, grid: Grid, p: float) -> float:
     ell_n = (grid.offset + grid.n) * grid.h
     # mu^2/2 - X_CUT mu + log p >= ell_n + 1: the P1 part is beyond ell_n
     c = max(ell_n + 1.0 - math.log(p), 0.0)
+    # rounded up to 2^(k/8): a larger top is as sound, and grids of nearly the same
+    # range (refinement levels, nearby step counts) then share the cached components
+    c = 2.0 ** (math.ceil(8.0 * math.log2(c)) / 8.0) if c > 0.0 else 0.0
     return max(saturate, X_CUT + math.sqrt(X_CUT * X_CUT + 2.0 * c))
 
 

@@ -87,7 +87,7 @@ def position_bounds(law: ZLaw, lo: np.ndarray, hi: np.ndarray, sigma: float,
     frac = np.linspace(0.0, 1.0, SUBCELLS + 1)
     z = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
     z[:, -1] = hi  # exact ends
-    v = law.mass(z[:, :-1], z[:, 1:])
+    v = law.mesh_mass(z)
     if closed_first and lo.size:
         v[0, 0] = float(law.mass(np.array(-math.inf), np.array(z[0, 1])))
     th = _theta(z, lo[:, None], hi[:, None], sigma)

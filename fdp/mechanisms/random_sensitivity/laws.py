@@ -65,6 +65,14 @@ class ZLaw:
         s_lo, s_hi = self.sf(lo), self.sf(hi)
         return np.clip(np.where(c_hi <= 0.5, c_hi - c_lo, s_lo - s_hi), 0.0, 1.0)
 
+    def mesh_mass(self, z: np.ndarray) -> np.ndarray:
+        """P(z_i < Z <= z_{i+1}) between consecutive points of each row of ``z``
+        (increasing along the last axis): :meth:`mass` with cdf and sf evaluated once
+        per point instead of twice."""
+        z = np.asarray(z, dtype=np.float64)
+        c, s = self.cdf(z), self.sf(z)
+        return np.clip(np.where(c[..., 1:] <= 0.5, np.diff(c, axis=-1), -np.diff(s, axis=-1)), 0.0, 1.0)
+
 
 @dataclass(frozen=True)
 class ChiLaw(ZLaw):
