@@ -1,35 +1,61 @@
-"""Width and time of fdp.PLDAccountant's JL bracket on the settings of benchmarks/RESULTS.md.
+"""Width and time of fdp.PLDAccountant's JL bracket, and of JL noise calibration.
 
-Usage: python benchmarks/jl_brackets.py [index ...]   (no index: all settings)
-Prints one line per setting: the certified [lower, upper] epsilon, the relative
-width and the wall time of get_epsilon_bounds (cells cached per process).
+Usage: python benchmarks/jl_brackets.py [--calibrate] [index ...]   (no index: all settings)
+
+Prints one line per setting of SETTINGS: the certified [lower, upper] epsilon, the
+relative width and the wall time of get_epsilon_bounds. Numba is compiled first (on
+a small query); the JL cells and components caches are cleared before each setting,
+so each time is that of a first query on a warm install. ``--calibrate`` also times
+``fdp.calibrate_noise_multiplier(mechanism="jl")`` on CALIBRATIONS (caches cleared).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 import warnings
 
 import fdp
+from fdp.mechanisms.random_sensitivity import cells
 
 SEED_P = 256 / 25000
 SETTINGS = [(0.6, r, SEED_P, 1465, 1e-5) for r in (5, 10, 20, 30)] + [
     (1.0, 10, 0.01, 1000, 1e-5), (0.8, 20, 0.02, 500, 1e-6), (1.5, 5, 0.004, 3000, 1e-5),
     (0.6, 3, SEED_P, 1465, 1e-5), (0.6, 2, SEED_P, 1465, 1e-5),
 ]
+#: (r, target epsilon) at the seed's p and T = 1,465, delta = 1e-5.
+CALIBRATIONS = [(10, 8.0), (30, 4.0), (5, 20.0)]
+
+
+def _clear_caches() -> None:
+    cells.cached_cells.cache_clear()
+    cells.components.cache_clear()
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calibrate", action="store_true", help="also time JL noise calibration")
+    ap.add_argument("index", nargs="*", type=int, help="settings to run (default: all)")
+    args = ap.parse_args()
     warnings.simplefilter("ignore", UserWarning)
-    chosen = [int(a) for a in sys.argv[1:]] or range(len(SETTINGS))
-    for i in chosen:
+    fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=1.0, jl_projections=8, sampling_rate=0.1),
+                                steps=10).get_epsilon_bounds(1e-5)  # compile the kernels
+    for i in args.index or range(len(SETTINGS)):
         sigma, r, p, steps, delta = SETTINGS[i]
         mech = fdp.JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p)
+        _clear_caches()
         start = time.perf_counter()
         lo, hi = fdp.PLDAccountant().compose(mech, steps=steps).get_epsilon_bounds(delta)
         print(f"sigma={sigma} r={r} p={p:.4g} T={steps} delta={delta}: [{lo:.6g}, {hi:.6g}] "
-              f"width={(hi - lo) / hi * 100:.3f}% {time.perf_counter() - start:.1f}s", flush=True)
+              f"width={(hi - lo) / hi * 100:.3f}% {time.perf_counter() - start:.2f}s", flush=True)
+    if args.calibrate:
+        for r, target in CALIBRATIONS:
+            _clear_caches()
+            start = time.perf_counter()
+            sigma = fdp.calibrate_noise_multiplier(target_epsilon=target, delta=1e-5, steps=1465,
+                                                   sampling_rate=SEED_P, mechanism="jl", jl_projections=r)
+            print(f"calibrate r={r} target eps={target}: sigma={sigma:.5f} "
+                  f"{time.perf_counter() - start:.2f}s", flush=True)
 
 
 if __name__ == "__main__":

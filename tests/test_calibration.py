@@ -228,3 +228,42 @@ def test_certified_epsilon_is_monotone_in_sigma_at_tiny_delta():
 def test_delta_below_the_accountants_floor_is_refused_up_front():
     with pytest.raises(ValueError, match="smallest delta the accountant certifies"):
         fdp.calibrate_noise_multiplier(target_epsilon=1.0, delta=1e-300, steps=10, sampling_rate=1.0)
+
+
+def _counting(make):
+    calls: list[float] = []
+
+    def factory(sigma: float):
+        calls.append(sigma)
+        return make(sigma)
+
+    return factory, calls
+
+
+def test_interpolated_search_needs_few_accountant_runs():
+    """eps ~ 1/sigma: interpolating log eps in log sigma closes a 1e-3 bracket in a few
+    probes (plain bisection from the first bracket took 10 to 11)."""
+    factory, calls = _counting(lambda s: fdp.Gaussian(noise_multiplier=s, sampling_rate=0.01))
+    sigma = fdp.calibrate_noise_multiplier(target_epsilon=2.0, delta=DELTA, steps=1000, mechanism=factory)
+    probes = len(calls) - 1  # the first call only checks what the callable returns
+    assert probes <= 7
+    assert _eps_up(fdp.Gaussian(noise_multiplier=sigma, sampling_rate=0.01), 1000) <= 2.0
+    assert _eps_up(fdp.Gaussian(noise_multiplier=sigma / 1.001, sampling_rate=0.01), 1000) > 2.0
+
+
+def test_search_still_brackets_a_staircase_epsilon():
+    """A hostile eps(sigma): constant on steps of sigma (the mechanism uses sigma rounded
+    down to a multiple of 0.25), so interpolation is meaningless. The safeguard
+    bisections still close the bracket: the result meets the target, sigma / (1 + tol)
+    does not, in a bounded number of probes."""
+    def make(s):
+        return fdp.Gaussian(noise_multiplier=max(0.25 * math.floor(s / 0.25), 0.25), sampling_rate=1.0)
+
+    factory, calls = _counting(make)
+    tol = 1e-3
+    sigma = fdp.calibrate_noise_multiplier(target_epsilon=3.0, delta=DELTA, steps=10, mechanism=factory,
+                                           tolerance=tol)
+    assert len(calls) < 60
+    acc = fdp.PLDAccountant
+    assert acc().compose(make(sigma), steps=10).get_epsilon(DELTA) <= 3.0
+    assert acc().compose(make(sigma / (1 + tol)), steps=10).get_epsilon(DELTA) > 3.0

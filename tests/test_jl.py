@@ -66,7 +66,7 @@ def test_kernel_single_component_matches_gaussian_cells(p, mu, direction):
     lo = -3.0 if (direction is Direction.ADD or p == 1.0) else math.log1p(-p) - 0.01
     g = Grid.covering(lo, 25.0, 0.01)
     ref = subsampled_gaussian_cells(mu, p, direction, g)
-    pc, uc, tails = mixture_cells(g.offset, g.h, g.n, np.array([mu]), np.array([1.0]), np.array([0.0]), 0.0,
+    pc, uc, tails = mixture_cells(g.offset, g.h, g.n, np.array([mu]), np.array([1.0]), np.array([0.0]), 0.0, np.inf,
                                   p, direction is Direction.REMOVE, True, np.inf)
     np.testing.assert_allclose(pc, ref.p_cell, rtol=1e-11, atol=1e-300)
     assert np.max(np.abs(uc - ref.u_cell) / np.maximum(ref.p_cell, 1e-300)) < 1e-11

@@ -122,14 +122,26 @@ def _remove_loss(x, mu, logp, log1mp):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def _block(offset, h, i, base, eta):  # pragma: no cover - numba
-    """Cells in the block starting at grid point i (>= 1)."""
-    width = eta * max(base, abs((offset + i) * h)) / h
+def _block(offset, h, i, base, eta, w_max, mu, p, remove, logp, log1mp):  # pragma: no cover - numba
+    """Cells in the block starting at grid point i (>= 1): width <= eta * max(base, |ell|)
+    and <= w_max * e^{d^2 / 8}, d the distance of the noise value at ell_i from the
+    nearest mean of P's components (far from them the block holds little mass)."""
+    ell = (offset + i) * h
+    width = eta * max(base, abs(ell))
+    if width > w_max:
+        if remove:
+            x = _threshold(ell, mu, p, logp, log1mp)
+            d = min(abs(x), abs(x - mu)) if p < 1.0 else abs(x - mu)
+        else:
+            d = abs(_threshold(-ell, mu, p, logp, log1mp))
+        if d < 20.0:
+            width = min(width, w_max * math.exp(0.125 * d * d))
+    width /= h
     return int(min(max(width, 1.0), 1e9))
 
 
 @njit(cache=True)
-def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta,
+def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta, w_max,
                    p_cell, u_cell, tails):  # pragma: no cover - numba
     """Add w * cells(mu) into p_cell/u_cell/tails (p_left, d_left, p_right, u_right, p_inf).
 
@@ -139,8 +151,9 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta
     up), right part to +inf; optimistic -> left part to ell_0 (loss moved down),
     right part at the last evaluated point (loss moved down).
 
-    Only the ends of blocks of width <= eta * max(base, |ell|) are evaluated
-    (``base``: the spread of the component's loss). Each block [ell_k, ell_{k+s}] of s cells is then known by its exact P-mass and excess
+    Only the ends of blocks of width <= eta * max(base, |ell|) and <= ~w_max
+    (:func:`_block`) are evaluated (``base``: the spread of the component's loss).
+    Each block [ell_k, ell_{k+s}] of s cells is then known by its exact P-mass and excess
     u = P - e^{ell_k} Q, and is replaced by
       pessimistic: its connect-the-dots split onto the two block ends (P- and
         Q-mass kept; the block is a merge of the split, so the split dominates);
@@ -177,13 +190,13 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta
     m = 1
     i = a
     while i < b:
-        i = min(i + _block(offset, h, i, base, eta), b)
+        i = min(i + _block(offset, h, i, base, eta, w_max, mu, p, remove, logp, log1mp), b)
         m += 1
     idx = np.empty(m, dtype=np.int64)
     i = a
     for c in range(m - 1):
         idx[c] = i
-        i = min(i + _block(offset, h, i, base, eta), b)
+        i = min(i + _block(offset, h, i, base, eta, w_max, mu, p, remove, logp, log1mp), b)
     idx[m - 1] = b
     t = np.empty(m)
     t0lo = np.empty(m)
@@ -310,11 +323,11 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta
 
 
 @njit(cache=True, parallel=True)
-def mixture_cells(offset, h, n, mus, ws, bases, eta, p, remove, pessimistic, x_cut):  # pragma: no cover
+def mixture_cells(offset, h, n, mus, ws, bases, eta, w_max, p, remove, pessimistic, x_cut):  # pragma: no cover
     """sum_j ws[j] * cells(mus[j]) on the grid (offset + k) h, k = 0..n.
 
-    Component j is evaluated on blocks of width <= eta * max(bases[j], |ell|)
-    (see :func:`_one_component`).
+    Component j is evaluated on blocks of width <= eta * max(bases[j], |ell|) and
+    <= ~w_max (see :func:`_one_component`).
 
     Returns (p_cell, u_cell, tails) with tails = (p_left, d_left, p_right,
     u_right, p_inf). Components are split over threads, each with its own
@@ -329,7 +342,7 @@ def mixture_cells(offset, h, n, mus, ws, bases, eta, p, remove, pessimistic, x_c
     for c in prange(chunks):
         for j in range(c, k_total, chunks):
             if ws[j] > 0.0:
-                _one_component(offset, h, n, mus[j], ws[j], p, remove, pessimistic, x_cut, bases[j], eta,
+                _one_component(offset, h, n, mus[j], ws[j], p, remove, pessimistic, x_cut, bases[j], eta, w_max,
                                acc_p[c], acc_u[c], acc_t[c])
     p_cell = acc_p.sum(axis=0)
     u_cell = acc_u.sum(axis=0)

@@ -27,7 +27,12 @@ X_CUT = 10.5
 #: of their loss, |loss|): the pessimistic side splits each block onto its ends, the
 #: optimistic side merges it into one atom (both errors second order in the width;
 #: the merge loses more, so it keeps finer blocks).
-ETA_LOSS = {True: 1e-2, False: 3e-3}
+ETA_LOSS = {True: 1e-2, False: 5e-3}
+#: ... and <= W_MAX[pessimistic] (growing as e^{d^2/8} at d sd from the component's
+#: means) in absolute loss: delta's hinge (1 - e^{eps - L})_+ bends on a scale of 1,
+#: so a block much wider than that moves the eps of a large-loss query by ~ width^2 / 10
+#: (seed setting, r = 5, eps ~ 638: 0.33 % with the relative rule alone).
+W_MAX = {True: 0.5, False: 0.25}
 #: Relative width of a Z-cell where mu = Z/sigma >= 1.
 ETA_REL = 0.01
 #: Relative width of a Z-cell is also <= ETA_TAIL / mu^2: the two-point bound of
@@ -212,7 +217,7 @@ def z_cells(law: ZLaw, sigma: float, p: float, direction: Direction, grid: Grid,
     p_cell, u_cell, tails = mixture_cells(
         int(grid.offset), float(grid.h), int(grid.n),
         np.ascontiguousarray(mf), np.ascontiguousarray(weights[finite]),
-        loss_spread(mf, p), ETA_LOSS[bool(pessimistic)],
+        loss_spread(mf, p), ETA_LOSS[bool(pessimistic)], W_MAX[bool(pessimistic)],
         float(p), remove, bool(pessimistic), X_CUT,
     )
     tails = tails.copy()
