@@ -95,9 +95,10 @@ def curve(mech: fdp.Mechanism, epochs: int) -> list[tuple[float, float]]:
     rows = []
     for e in range(1, epochs + 1):
         t = e * STEPS_PER_EPOCH
-        hi = last[lead] if t == t_max else eps(uppers[lead], t, True)
-        if heavy and t < t_max:
-            hi = min(hi, eps(heavy_upper(lead, t), t, True))
+        if t == t_max:
+            hi = last[lead]
+        else:  # r = 1: only the grid sized for the next power-of-2 epoch (finer than T_max's)
+            hi = eps(heavy_upper(lead, t) if heavy else uppers[lead], t, True)
         if capped is not None:  # the grid sized for the tail is too coarse for the lower bound
             lo = capped(t, hi)
         else:
@@ -116,19 +117,21 @@ class _CappedLower:
     """Lower bounds from optimistic grids cut at a cap (heavy upper tails).
 
     The rule of :meth:`fdp.PLDAccountant._capped_lower` on the leading direction
-    (where the heavy tail is): caps 10^2, 10^4, ... grow until the bound found is
-    below cap / 10 or the cap passes 4x the upper bound. Each cap is discretised
-    once and serves every later epoch. The FFT window is cut at 2^21 points: mass
-    above it wraps to smaller losses, which only lowers delta (:mod:`fdp.pld.compose`).
+    (where the heavy tail is): caps grow 100-fold until the bound found is below
+    cap / 10 or the cap passes 4x the upper bound. Any cap gives a valid lower bound;
+    the first is the power of 10 above 4x the epoch's upper bound (where a finite one
+    is known), so each cap's grid, discretised once, serves the epochs whose upper
+    bounds lie within its decade. The FFT window is cut at 2^21 points: mass above it
+    wraps to smaller losses, which only lowers delta (:mod:`fdp.pld.compose`).
     """
 
     def __init__(self, mech: fdp.Mechanism, direction: Direction, step_tail: float, tail: float) -> None:
         self.mech, self.direction, self.step_tail, self.tail = mech, direction, step_tail, tail
         self.plds: dict[float, object] = {}
-        self.cap = 100.0
 
     def __call__(self, steps: int, upper: float) -> float:
         best = 0.0
+        self.cap = 10.0 ** math.ceil(math.log10(4.0 * upper)) if math.isfinite(upper) else 100.0
         while True:
             if self.cap not in self.plds:
                 self.plds[self.cap] = capped_optimistic_plds([self.mech], self.direction, self.step_tail, self.cap)[0]
