@@ -94,79 +94,6 @@ def discretise_optimistic(cells: LossCells) -> DiscretePLD:
 
 
 @njit(cache=True)
-def _left_sweep(h, p_cell, u_cell, p_left, d_left, stop, pmf, floors):  # pragma: no cover - numba
-    """Left-to-right merging over grid points 0..stop-1 (cells 0..stop-1).
-
-    Carry into x_k: a fraction of cell k-1 (the left tail for k = 0) with P-mass cp
-    and deficit cd = x_k Q - P >= 0; cell k brings excess u = P - x_k Q >= 0.
-    ``floors[k]`` receives the P-mass rounded down before point k. Returns the carry
-    (cp, cd) into x_stop. Writes atoms into ``pmf`` when it is not None.
-    """
-    em1 = math.expm1(h)
-    eh = em1 + 1.0
-    cp = p_left
-    cd = max(d_left, 0.0)
-    floored = 0.0
-    for k in range(stop):
-        floors[k] = floored
-        p = p_cell[k]
-        u = min(max(u_cell[k], 0.0), p)
-        if cd <= u:
-            theta = cd / u if u > 0.0 else 0.0
-            pmf[k] += cp + theta * p
-            rest = 1.0 - theta
-            cp = rest * p
-            cd = rest * max(em1 * p - eh * u, 0.0)
-        else:
-            phi = u / cd
-            pmf[k] += phi * cp + p
-            if k > 0:
-                pmf[k - 1] += (1.0 - phi) * cp
-            floored += (1.0 - phi) * cp
-            cp = 0.0
-            cd = 0.0
-    floors[stop] = floored
-    return cp, cd
-
-
-@njit(cache=True)
-def _right_sweep(h, p_cell, u_cell, p_right, u_right, stop, pmf, floors):  # pragma: no cover - numba
-    """Right-to-left merging over grid points n..stop+1 (cells n-1..stop).
-
-    Carry into x_k: a fraction of cell k (the right tail for k = n) with P-mass rp and
-    excess re = P - x_k Q >= 0; cell k-1 brings deficit a = (e^h - 1) p - e^h u.
-    ``floors[k]`` receives the P-mass rounded down at points > k. Returns the carry
-    (rp, re) into x_stop.
-    """
-    n = p_cell.shape[0]
-    em1 = math.expm1(h)
-    eh = em1 + 1.0
-    rp = p_right
-    re = min(max(u_right, 0.0), p_right)
-    floored = 0.0
-    floors[n] = 0.0
-    for k in range(n, stop, -1):
-        p = p_cell[k - 1]
-        u = min(max(u_cell[k - 1], 0.0), p)
-        a = max(em1 * p - eh * u, 0.0)
-        if re <= a:
-            theta = re / a if a > 0.0 else 0.0
-            pmf[k] += rp + theta * p
-            rest = 1.0 - theta
-            rp = rest * p
-            re = rest * u
-        else:
-            # all of cell k-1 balances part of the carry; the rest (ratio > x_k) rounds down
-            phi = a / re
-            floored += (1.0 - phi) * rp
-            pmf[k] += rp + p
-            rp = 0.0
-            re = 0.0
-        floors[k - 1] = floored
-    return rp, re
-
-
-@njit(cache=True)
 def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma: no cover - numba
     """Two merging sweeps that meet at a grid point m. Returns the pmf on n+1 points.
 
@@ -184,11 +111,13 @@ def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma
     above log(1 - p), and rounds that whole peak down by ~h/2.)
     """
     n = p_cell.shape[0]
-    scratch = np.zeros(n + 1)
     em1 = math.expm1(h)
     eh = em1 + 1.0
     emh = -math.expm1(-h)  # 1 - e^{-h}
-    # forward pass: carry state and excess lost before every point; atoms placed
+    # forward (left-to-right) pass. Carry into x_k: a fraction of cell k-1 (the left
+    # tail for k = 0) with P-mass cp and deficit cd = x_k Q - P >= 0; cell k brings
+    # excess u = P - x_k Q >= 0. Recorded: the carry and the excess lost before every
+    # point, and the atoms each step places (a sweep stopped at m keeps those before m)
     left_lost = np.zeros(n + 1)
     left_cp = np.zeros(n + 1)
     left_cd = np.zeros(n + 1)
@@ -219,7 +148,10 @@ def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma
             lost += (1.0 - phi) * max(emh * cp - (1.0 - emh) * cd, 0.0)
             cp = 0.0
             cd = 0.0
-    # backward pass: carry state after every point; excess lost above it; atoms placed
+    # backward (right-to-left) pass. Carry into x_k: a fraction of cell k (the right
+    # tail for k = n) with P-mass rp and excess re = P - x_k Q >= 0; cell k-1 brings
+    # deficit a = (e^h - 1) p - e^h u. Recorded: the carry after every point, the
+    # excess lost above it, and the atom each step places
     right_cp = np.zeros(n + 1)
     right_re = np.zeros(n + 1)
     right_lost = np.zeros(n + 1)
@@ -240,8 +172,10 @@ def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma
             rp = rest * p
             re = rest * u
         else:
+            # all of cell k-1 balances part of the carry; the rest (ratio > x_k) stays
+            # at x_k, rounded down: its excess is lost
             bwd_atom[k] = rp + p
-            lost += re - a  # the unbalanced carry stays at x_k: its excess is lost
+            lost += re - a
             rp = 0.0
             re = 0.0
         right_lost[k - 1] = lost
@@ -259,10 +193,15 @@ def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma
             best_cost = cost
             best = m
     m = best
+    # the forward sweep's atoms below m (a rounded rest goes to the point below its step;
+    # at k = 0 there is none and it is dropped, which only lowers delta), the backward
+    # sweep's above m, and the junction at m
     pmf = np.zeros(n + 1)
-    cp, cd = _left_sweep(h, p_cell, u_cell, p_left, d_left, m, pmf, scratch)
-    rp, re = _right_sweep(h, p_cell, u_cell, p_right, u_right, m, pmf, scratch)
-    _junction(h, m, cp, cd, rp, re, pmf)
+    pmf[:m] = fwd_atom[:m]
+    for k in range(1, m):
+        pmf[k - 1] += fwd_floor[k]
+    pmf[m + 1:] = bwd_atom[m + 1:]
+    _junction(h, m, left_cp[m], left_cd[m], right_cp[m], right_re[m], pmf)
     return pmf
 
 
