@@ -38,6 +38,17 @@ BATCH = 256
 N = 25_000
 DELTA = 1e-5
 STEPS_PER_EPOCH = math.ceil(N / BATCH)  # 98
+#: FFT window for r = 1's upper bounds (its losses span ~1e15; mass cut off above
+#: the window goes to +inf)
+HEAVY_POINTS = 1 << 21
+#: r = 1's lower bounds: single-step grids of 2^19 cells up to the cap, composed in
+#: windows of 2^20 points (the window then reaches as far in loss as 2^21 points on
+#: the accountant's 2^20-cell grids; the rounding, <= T h, doubles: 2-6 % brackets
+#: instead of 2-5 %, in half the time)
+CAP_POINTS, CAP_WINDOW = 1 << 19, 1 << 20
+#: r = 1 upper bounds: grids sized for epochs 1, g, g^2, ... (the next one at or
+#: above the epoch; any grid is sound for any T, a nearer one is tighter)
+HORIZON_GROWTH = 2
 
 
 def mechanisms() -> dict[str, fdp.Mechanism]:
@@ -56,7 +67,7 @@ def curve(mech: fdp.Mechanism, epochs: int) -> list[tuple[float, float]]:
     heavy = getattr(mech, "jl_projections", 2) < 2
     # r = 1 spans losses up to ~1e15: a window of 2^21 points (the mass cut off above it
     # goes to +inf, so the upper bound stays sound) keeps its FFTs affordable
-    max_points = 1 << 21 if heavy else fdp.accountant.MAX_FFT_POINTS
+    max_points = HEAVY_POINTS if heavy else fdp.accountant.MAX_FFT_POINTS
     acc = fdp.PLDAccountant().compose(mech, steps=t_max)
 
     def side(d: Direction, pessimistic: bool, plan: fdp.PLDAccountant = acc):
@@ -74,7 +85,7 @@ def curve(mech: fdp.Mechanism, epochs: int) -> list[tuple[float, float]]:
     def heavy_upper(d: Direction, t: int):
         e = 1
         while e * STEPS_PER_EPOCH < t:
-            e *= 2
+            e *= HORIZON_GROWTH
         t_plan = min(e * STEPS_PER_EPOCH, t_max)
         if t_plan not in horizons:
             horizons[t_plan] = side(d, True, fdp.PLDAccountant().compose(mech, steps=t_plan))
@@ -121,8 +132,9 @@ class _CappedLower:
     cap / 10 or the cap passes 4x the upper bound. Any cap gives a valid lower bound;
     the first is the power of 10 above 4x the epoch's upper bound (where a finite one
     is known), so each cap's grid, discretised once, serves the epochs whose upper
-    bounds lie within its decade. The FFT window is cut at 2^21 points: mass above it
-    wraps to smaller losses, which only lowers delta (:mod:`fdp.pld.compose`).
+    bounds lie within its decade. The grid has CAP_POINTS cells and the FFT window is
+    cut at CAP_WINDOW points: mass above it wraps to smaller losses, which only
+    lowers delta (:mod:`fdp.pld.compose`).
     """
 
     def __init__(self, mech: fdp.Mechanism, direction: Direction, step_tail: float, tail: float) -> None:
@@ -134,9 +146,10 @@ class _CappedLower:
         self.cap = 10.0 ** math.ceil(math.log10(4.0 * upper)) if math.isfinite(upper) else 100.0
         while True:
             if self.cap not in self.plds:
-                self.plds[self.cap] = capped_optimistic_plds([self.mech], self.direction, self.step_tail, self.cap)[0]
+                self.plds[self.cap] = capped_optimistic_plds([self.mech], self.direction, self.step_tail, self.cap,
+                                                             points=CAP_POINTS)[0]
             found = compose([(self.plds[self.cap], steps)], pessimistic=False, tail_mass=self.tail,
-                            max_points=1 << 21).epsilon(DELTA)
+                            max_points=CAP_WINDOW).epsilon(DELTA)
             best = max(best, found)
             if found < 0.1 * self.cap or self.cap >= 4.0 * upper:
                 return best

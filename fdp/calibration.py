@@ -42,7 +42,10 @@ mu ~ p sqrt(T (e^{1/sigma^2} - 1)), for p < 1):
     sigma0 = sqrt(T) / mu*                                 (p = 1; exact for Gaussian)
     sigma0 = 1 / sqrt(log(1 + (mu* / (p sqrt(T)))^2))      (p < 1; a heuristic start)
 
-and widens geometrically (factors 1.1, 1.21, 1.46, 2.14, ... in sigma) until
+For ``mechanism="jl"`` the start is the larger of that and the heavy-tail guess of
+:func:`_jl_tail_guess` (sigma0 = z* / sqrt(2 eps*), P(Z > z*) = delta / (T p)),
+which the tail, not the bulk, usually decides; the search then
+widens geometrically (factors 1.1, 1.21, 1.46, 2.14, ... in sigma) until
 the target is crossed, within [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER].
 
 Notation: eps* = ``target_epsilon``, T = ``steps``, p = ``sampling_rate``,
@@ -56,6 +59,8 @@ import math
 import warnings
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from fdp._progress import Progress
 from fdp._validation import check_integer, check_real, check_sampling_rate, format_value
@@ -149,7 +154,7 @@ def calibrate_noise_multiplier(
         raise ValueError(
             f"accountant must be an fdp.PLDAccountant or None; got {type(accountant).__name__}"
         )
-    factory, p = _mechanism_factory(mechanism, sampling_rate, jl_projections)
+    factory, p, r = _mechanism_factory(mechanism, sampling_rate, jl_projections)
     template = accountant if accountant is not None else PLDAccountant()
 
     cache: dict[float, float] = {}
@@ -189,13 +194,14 @@ def calibrate_noise_multiplier(
         return eps_up(sigma) <= eps_target
 
     try:
-        return _search(meets, eps_up, eps_target, delta, steps, p, tol, failures)
+        guess = _start(eps_target, delta, steps, p, r)
+        return _search(meets, eps_up, eps_target, delta, steps, guess, tol, failures)
     finally:
         bar.close()
 
 
 def _search(meets: Callable[[float], bool], eps_up: Callable[[float], float], eps_target: float,
-            delta: float, steps: int, p: float, tol: float, failures: dict[float, str]) -> float:
+            delta: float, steps: int, guess: float, tol: float, failures: dict[float, str]) -> float:
     """Bracket [lo, hi] with meets(hi) and not meets(lo), then shrink it in log sigma."""
     seen: list[float] = []  # sigmas in the order probed
 
@@ -213,7 +219,7 @@ def _search(meets: Callable[[float], bool], eps_up: Callable[[float], float], ep
     # ---- bracket [lo, hi] with meets(hi) and not meets(lo): the extrapolated crossing
     # passed by 2 %, in steps of at most a factor 3 (then 1.46^2, 2.14^2, ...), or
     # geometric steps 1.1, 1.21, 1.46, ... where no crossing can be extrapolated
-    s0 = min(max(_initial_guess(eps_target, delta, steps, p), MIN_NOISE_MULTIPLIER), MAX_NOISE_MULTIPLIER)
+    s0 = min(max(guess, MIN_NOISE_MULTIPLIER), MAX_NOISE_MULTIPLIER)
     factor = 1.1
     if probe(s0):
         hi = s0
@@ -312,8 +318,8 @@ def _shrink_probe(x: float | None, lo: float, hi: float, tol: float) -> float | 
 
 def _mechanism_factory(
     mechanism: Any, sampling_rate: Any, jl_projections: Any
-) -> tuple[Callable[[float], Mechanism], float]:
-    """(sigma -> Mechanism, p used for the initial guess), with the arguments checked."""
+) -> tuple[Callable[[float], Mechanism], float, int | None]:
+    """(sigma -> Mechanism, p and r (JL; else None) for the initial guess), arguments checked."""
     if callable(mechanism) and not isinstance(mechanism, str):
         if sampling_rate is not None:
             raise ValueError(
@@ -331,7 +337,7 @@ def _mechanism_factory(
                 "mechanism must be 'gaussian', 'jl' or a callable sigma -> fdp.Mechanism; "
                 f"the callable returned {type(probe).__name__} for sigma=1.0"
             )
-        return mechanism, float(probe.sampling_rate)
+        return mechanism, float(probe.sampling_rate), None
     if not isinstance(mechanism, str) or mechanism.lower() not in _MECHANISMS:
         raise ValueError(
             "mechanism must be one of 'gaussian', 'jl' or a callable sigma -> fdp.Mechanism; "
@@ -352,13 +358,13 @@ def _mechanism_factory(
             )
         from fdp.mechanisms.gaussian import Gaussian
 
-        return (lambda sigma: Gaussian(noise_multiplier=sigma, sampling_rate=p)), p
+        return (lambda sigma: Gaussian(noise_multiplier=sigma, sampling_rate=p)), p, None
     if jl_projections is None:
         raise ValueError("jl_projections is required with mechanism='jl': an integer in [1, inf)")
     r = check_integer("jl_projections", jl_projections, low=1, high=10**9)
     from fdp.mechanisms.jl import JL
 
-    return (lambda sigma: JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p)), p
+    return (lambda sigma: JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p)), p, r
 
 
 def _fresh_accountant(template: PLDAccountant) -> PLDAccountant:
@@ -398,3 +404,29 @@ def _initial_guess(eps: float, delta: float, steps: int, p: float) -> float:
         return 1.0 / math.sqrt(math.log1p(ratio * ratio))
     except (ValueError, ZeroDivisionError, OverflowError):
         return 1.0
+
+
+def _start(eps: float, delta: float, steps: int, p: float, r: int | None) -> float:
+    """The first sigma probed: the mu-GDP guess, or for JL (r projections) the larger of
+    it and the heavy-tail guess (the tail, not the bulk, usually decides JL's sigma)."""
+    guess = _initial_guess(eps, delta, steps, p)
+    return guess if r is None else max(guess, _jl_tail_guess(eps, delta, steps, p, r))
+
+
+def _jl_tail_guess(eps: float, delta: float, steps: int, p: float, r: int) -> float:
+    """sigma0 for fdp.JL from its heavy tail (a heuristic start, never a bound).
+
+    A step whose example is sampled (probability p) with a large Z = 1/sqrt(chi2_r/r)
+    has loss ~ Z^2 / (2 sigma^2); if such a step alone decides delta, then
+    delta ~ T p P(Z > sigma sqrt(2 eps)), so
+
+        sigma0 = z* / sqrt(2 eps*),   P(Z > z*) = delta / (T p).
+
+    Measured at p = 256/25,000, T = 1,465, delta = 1e-5: 0.9-1.7x the calibrated
+    sigma for r = 3..30 (the mu-GDP start is 0.03-0.8x of it)."""
+    from fdp.mechanisms.random_sensitivity.laws import ChiLaw
+
+    q = min(delta / (steps * p), 0.5)
+    with np.errstate(all="ignore"):
+        z = float(ChiLaw(r).isf(np.array(q)))
+    return z / math.sqrt(2.0 * eps) if math.isfinite(z) and z > 0.0 else 1.0

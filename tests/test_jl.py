@@ -48,6 +48,25 @@ def _mp_phi(x):
     return mp.ncdf(x)
 
 
+# ------------------------------------------------------------------ the law of Z
+@pytest.mark.parametrize("r", [1, 2, 3, 7])
+def test_chi_law_tails_match_mpmath(r):
+    """cdf and sf of Z = 1/sqrt(chi2_r/r) to a few ulps relative in both tails (the
+    closed forms for r = 1, 2 and scipy's incomplete gamma otherwise)."""
+    from fdp.mechanisms.random_sensitivity.laws import ChiLaw
+
+    law = ChiLaw(r)
+    z = np.array([1e-3, 0.05, 0.2, 0.5, 0.9, 1.0, 1.3, 3.0, 30.0, 1e4, 1e8])
+    cdf, sf = law.cdf(z), law.sf(z)
+    with mp.workdps(40):
+        for zi, c, s in zip(z, cdf, sf):
+            x = mp.mpf(r) / mp.mpf(zi) ** 2  # Z <= z <=> chi2_r >= x
+            ref_c = mp.gammainc(mp.mpf(r) / 2, x / 2, mp.inf, regularized=True)
+            ref_s = mp.gammainc(mp.mpf(r) / 2, 0, x / 2, regularized=True)
+            for got, ref in ((c, ref_c), (s, ref_s)):
+                assert abs(mp.mpf(got) - ref) <= 1e-13 * ref + mp.mpf("1e-300")
+
+
 # ------------------------------------------------------------------ kernels
 @pytest.mark.parametrize("x", [-1e4, -300.0, -40.0, -37.5, -36.9, -8.0, -0.3, 0.0, 0.7, 9.0, 38.0, 500.0])
 def test_log_ndtr_pair_matches_mpmath(x):

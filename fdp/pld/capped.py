@@ -58,14 +58,14 @@ def capped_lower_epsilon(events: list[tuple[Mechanism, int]], direction: Directi
 
 
 def capped_optimistic_plds(mechanisms: list[Mechanism], direction: Direction, step_tail: float,
-                           cap: float) -> list[DiscretePLD]:
-    """Optimistic single-step PLDs on one grid cut at the loss ``cap`` (2^20 cells).
+                           cap: float, points: int = CAP_POINTS) -> list[DiscretePLD]:
+    """Optimistic single-step PLDs on one grid of ``points`` cells cut at the loss ``cap``.
 
     The mass above ``cap`` sits on the top grid point: losses only decrease, so
     every composition of these PLDs has delta(eps) <= the truth (a lower bound).
     """
     ranges = [m.loss_range(direction, max(step_tail, 1e-300)) for m in mechanisms]
     bottom = min(lo for lo, _ in ranges)
-    h = (cap - bottom) / CAP_POINTS
+    h = (cap - bottom) / points
     return [discretise_optimistic(m.loss_cells(direction, Grid.covering(lo, min(hi, cap), h), pessimistic=False))
             for m, (lo, hi) in zip(mechanisms, ranges)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 __all__ = ["Atoms", "ChiLaw", "MAX_ATOMS", "ScipyLaw", "ZLaw"]
 
@@ -83,12 +83,12 @@ class ChiLaw(ZLaw):
     def cdf(self, z):
         z = np.asarray(z, dtype=np.float64)
         with np.errstate(divide="ignore"):
-            return np.where(z <= 0, 0.0, stats.chi2.sf(self.r / (z * z), self.r))
+            return np.where(z <= 0, 0.0, _chi2_sf(self.r / (z * z), self.r))
 
     def sf(self, z):
         z = np.asarray(z, dtype=np.float64)
         with np.errstate(divide="ignore"):
-            return np.where(z <= 0, 1.0, stats.chi2.cdf(self.r / (z * z), self.r))
+            return np.where(z <= 0, 1.0, _chi2_cdf(self.r / (z * z), self.r))
 
     def ppf(self, q):
         with np.errstate(divide="ignore"):
@@ -97,6 +97,26 @@ class ChiLaw(ZLaw):
     def isf(self, q):
         with np.errstate(divide="ignore"):
             return np.sqrt(self.r / stats.chi2.ppf(np.asarray(q, dtype=np.float64), self.r))
+
+
+def _chi2_sf(x: np.ndarray, r: int) -> np.ndarray:
+    """P(chi2_r > x). r = 1, 2 in closed form, erfc(sqrt(x/2)) and exp(-x/2): both
+    accurate to a few ulps in every tail, like scipy's incomplete gamma, and ~40x
+    faster for r = 1 (the cells evaluate it at ~1e6 points)."""
+    if r == 1:
+        return special.erfc(np.sqrt(0.5 * x))
+    if r == 2:
+        return np.exp(-0.5 * x)
+    return stats.chi2.sf(x, r)
+
+
+def _chi2_cdf(x: np.ndarray, r: int) -> np.ndarray:
+    """P(chi2_r <= x): erf(sqrt(x/2)) and -expm1(-x/2) for r = 1, 2 (see :func:`_chi2_sf`)."""
+    if r == 1:
+        return special.erf(np.sqrt(0.5 * x))
+    if r == 2:
+        return -np.expm1(-0.5 * x)
+    return stats.chi2.cdf(x, r)
 
 
 @dataclass(frozen=True, eq=False)
