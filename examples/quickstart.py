@@ -31,31 +31,34 @@ def main() -> None:
     args = parser.parse_args()
 
     sampling_rate = args.batch_size / args.dataset_size
-    steps_per_epoch = round(1 / sampling_rate)
-    mechanism = fdp.Gaussian(noise_multiplier=args.noise_multiplier, sampling_rate=sampling_rate)
+    # one epoch = ceil(N / B) Poisson-sampled steps (fdp.epochs, the one convention)
+    steps_per_epoch = fdp.steps_per_epoch(args.batch_size, args.dataset_size)
+    sizes = dict(batch_size=args.batch_size, dataset_size=args.dataset_size)
     print(f"DP-SGD: noise_multiplier={args.noise_multiplier}, sampling_rate={sampling_rate:.5f}, "
           f"{steps_per_epoch} steps/epoch, delta={args.delta:g}")
     print(f"{'epoch':>6} {'steps':>7} {'eps lower':>10} {'eps upper':>10} {'seconds':>8}")
     epochs, lowers, uppers = [], [], []
     for epoch in [e for e in (1, 2, 5, 10, 20, 30, 45) if e < args.epochs] + [args.epochs]:
-        steps = epoch * steps_per_epoch
         start = time.perf_counter()
-        lo, hi = fdp.PLDAccountant().compose(mechanism, steps=steps).get_epsilon_bounds(args.delta)
-        print(f"{epoch:>6} {steps:>7} {lo:>10.4f} {hi:>10.4f} {time.perf_counter() - start:>8.3f}")
+        accountant = fdp.dpsgd(noise_multiplier=args.noise_multiplier, epochs=epoch, **sizes)
+        lo, hi = accountant.get_epsilon_bounds(args.delta)
+        print(f"{epoch:>6} {accountant.steps:>7} {lo:>10.4f} {hi:>10.4f} {time.perf_counter() - start:>8.3f}")
         epochs.append(epoch)
         lowers.append(lo)
         uppers.append(hi)
-    steps = epochs[-1] * steps_per_epoch
+    jl_bracket = None
     if args.jl_projections > 0:
-        # one step of DP-SGD-JL: the same noise, clipping by r JL projections of the gradient
-        jl = fdp.JL(noise_multiplier=args.noise_multiplier, jl_projections=args.jl_projections,
-                    sampling_rate=sampling_rate)
+        # DP-SGD-JL: the same noise, clipping by r JL projections of the gradient
         start = time.perf_counter()
-        lo, hi = fdp.PLDAccountant(max_refinements=0).compose(jl, steps=steps).get_epsilon_bounds(args.delta)
+        accountant = fdp.dpsgd(noise_multiplier=args.noise_multiplier, epochs=epochs[-1],
+                               jl_projections=args.jl_projections,
+                               accountant=fdp.PLDAccountant(max_refinements=0), **sizes)
+        jl_bracket = accountant.get_epsilon_bounds(args.delta)
         print(f"DP-SGD-JL, r={args.jl_projections} projections, same noise, {epochs[-1]} epochs: "
-              f"eps in [{lo:.4f}, {hi:.4f}] ({time.perf_counter() - start:.3f} s)")
+              f"eps in [{jl_bracket[0]:.4f}, {jl_bracket[1]:.4f}] ({time.perf_counter() - start:.3f} s)")
     if args.target_epsilon > 0:
         start = time.perf_counter()
+        steps = fdp.epochs_to_steps(epochs[-1], **sizes)
         sigma = fdp.calibrate_noise_multiplier(target_epsilon=args.target_epsilon, delta=args.delta,
                                                steps=steps, sampling_rate=sampling_rate)
         print(f"noise multiplier for eps <= {args.target_epsilon:g} over {epochs[-1]} epochs: "
@@ -66,13 +69,23 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.fill_between(epochs, lowers, uppers, alpha=0.3, label="certified bracket")
+        fig, (ax, ax_width) = plt.subplots(1, 2, figsize=(9, 3.5))
+        ax.fill_between(epochs, lowers, uppers, alpha=0.3, label="certified bracket (DP-SGD)")
         ax.plot(epochs, uppers, "o-", label="upper bound (reported)")
+        if jl_bracket is not None:
+            mid = 0.5 * (jl_bracket[0] + jl_bracket[1])
+            ax.errorbar([epochs[-1]], [mid], yerr=[[mid - jl_bracket[0]], [jl_bracket[1] - mid]],
+                        fmt="s", color="C3", capsize=4, label=f"DP-SGD-JL, r={args.jl_projections}")
         ax.set_xlabel("epoch")
         ax.set_ylabel(f"epsilon at delta={args.delta:g}")
         ax.set_title(f"DP-SGD, sigma={args.noise_multiplier}, q={sampling_rate:.4f}")
         ax.legend()
+        # the bracket is too narrow to see on the left: its width, in percent
+        widths = [100.0 * (hi - lo) / hi for lo, hi in zip(lowers, uppers)]
+        ax_width.bar([str(e) for e in epochs], widths, color="C0", alpha=0.6)
+        ax_width.set_xlabel("epoch")
+        ax_width.set_ylabel("(upper - lower) / upper, %")
+        ax_width.set_title("width of the certified bracket")
         fig.tight_layout()
         fig.savefig(args.png, dpi=120)
         print(f"wrote {args.png}")

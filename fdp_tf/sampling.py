@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from fdp._validation import check_integer, check_real
+from fdp.epochs import steps_per_epoch as fdp_steps_per_epoch
 from fdp_tf.randomness import _Holder, os_entropy_generator, seeded_generator
 
 __all__ = [
@@ -125,7 +126,7 @@ def poisson_batches(
     n = _num_rows(data)
     batch = check_integer("expected_batch_size", expected_batch_size, low=1, high=n)
     if steps_per_epoch is None:
-        steps = math.ceil(n / batch)
+        steps = fdp_steps_per_epoch(batch, n)  # fdp.epochs: the one convention
     else:
         steps = check_integer("steps_per_epoch", steps_per_epoch, low=1)
     rate = batch / n
@@ -185,7 +186,7 @@ def sampling_for_fit(
     if n_train < 1:
         raise ValueError(f"validation_split={split} leaves no training rows out of {n}")
     size = min(batch_size or 32, n_train)
-    return PoissonSampling(n_train, size, math.ceil(n_train / size)), False
+    return PoissonSampling(n_train, size, fdp_steps_per_epoch(size, n_train)), False
 
 
 def _array_rows(x: Any) -> int | None:

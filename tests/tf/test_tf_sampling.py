@@ -140,3 +140,14 @@ def test_mismatched_rows() -> None:
     x, y = dense_data(n=10)
     with pytest.raises(ValueError, match="same number of rows"):
         fdp_tf.poisson_batches(x, y[:5], expected_batch_size=2)
+
+
+def test_an_epoch_has_the_steps_of_fdps_epoch_convention() -> None:
+    """poisson_batches draws fdp.steps_per_epoch(B, N) = ceil(N / B) batches per epoch,
+    so fdp.dpsgd(..., epochs=E) accounts exactly what E epochs of it run."""
+    import fdp
+
+    x, y = dense_data(n=103)
+    dataset = fdp_tf.poisson_batches(x, y, expected_batch_size=10, seed=5)
+    assert len(list(_batches(dataset))) == fdp.steps_per_epoch(10, 103) == 11
+    assert fdp_tf.poisson_sampling_of(dataset).steps_per_epoch == 11

@@ -1,0 +1,116 @@
+"""Epochs, the one convention: Poisson sampling at rate p = B / N, ceil(N / B) steps per epoch.
+
+DP-SGD with Poisson sampling draws each batch by keeping every one of the N
+examples independently with probability p = B / N, so batches have B examples
+on average. One *epoch* is
+
+    steps_per_epoch = ceil(N / B)                                            (1)
+
+such draws (at least one expected pass over the data; what
+``fdp_tf.poisson_batches`` yields per epoch), and E epochs, E possibly
+fractional, are
+
+    steps = ceil(E * ceil(N / B))                                            (2)
+
+steps: a partial epoch is rounded *up* to whole steps, so the epsilon of (2) is
+never below that of the steps actually run. E is read as the decimal the user
+wrote (``0.3`` is 3/10, not the float below it), so (2) is exact.
+
+``fdp.dpsgd`` answers the common question in one call: the accountant of E epochs
+of (JL-)DP-SGD, ready for ``get_epsilon_bounds(delta)``.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+from fdp._validation import check_integer, check_real, format_value
+
+__all__ = ["dpsgd", "epochs_to_steps", "sampling_rate", "steps_per_epoch"]
+
+
+def _batch_and_dataset(batch_size: Any, dataset_size: Any) -> tuple[int, int]:
+    n = check_integer("dataset_size", dataset_size, low=1)
+    b = check_integer("batch_size", batch_size, low=1)
+    if b > n:
+        raise ValueError(f"batch_size must be an integer in [1, dataset_size={n}]; got {format_value(batch_size)}")
+    return b, n
+
+
+def sampling_rate(batch_size: int, dataset_size: int) -> float:
+    """p = B / N, the Poisson sampling rate of an expected batch of B among N examples."""
+    b, n = _batch_and_dataset(batch_size, dataset_size)
+    return b / n
+
+
+def steps_per_epoch(batch_size: int, dataset_size: int) -> int:
+    """ceil(N / B), equation (1): Poisson draws per epoch."""
+    b, n = _batch_and_dataset(batch_size, dataset_size)
+    return -(-n // b)
+
+
+def epochs_to_steps(epochs: float, batch_size: int, dataset_size: int) -> int:
+    """ceil(E * ceil(N / B)), equation (2); a partial epoch counts its started step.
+
+    Raises:
+      ValueError: epochs not a finite number > 0, or batch_size/dataset_size invalid.
+    """
+    e = check_real("epochs", epochs, low=0.0, low_inclusive=False)
+    per_epoch = steps_per_epoch(batch_size, dataset_size)
+    exact = Fraction(repr(e)) if isinstance(epochs, float) else Fraction(e)
+    steps = math.ceil(exact * per_epoch)
+    if steps > 10**12:
+        raise ValueError(f"epochs={format_value(epochs)} gives {steps} steps; at most 10^12 are supported")
+    return steps
+
+
+def dpsgd(
+    *,
+    noise_multiplier: float,
+    batch_size: int,
+    dataset_size: int,
+    epochs: float,
+    jl_projections: int | None = None,
+    accountant: Any = None,
+) -> Any:
+    """The accountant of ``epochs`` epochs of DP-SGD (or DP-SGD-JL with r projections).
+
+    Each step is the Poisson-subsampled Gaussian mechanism at p = B / N
+    (:class:`fdp.Gaussian`), or with ``jl_projections`` = r the JL mechanism of
+    DP-SGD-JL (:class:`fdp.JL`), composed over :func:`epochs_to_steps` steps.
+
+    Args:
+      noise_multiplier: sigma > 0 (noise std / clipping norm).
+      batch_size: expected batch size B in [1, N].
+      dataset_size: N >= 1.
+      epochs: E > 0 (fractional allowed; see :mod:`fdp.epochs`).
+      jl_projections: r >= 1 for DP-SGD-JL; ``None`` for DP-SGD.
+      accountant: an :class:`fdp.PLDAccountant` with the settings to use; the steps
+        are recorded on it, after any events it holds. Default: a new one.
+
+    Returns:
+      The :class:`fdp.PLDAccountant`; e.g. ``.get_epsilon_bounds(delta=1e-5)``.
+
+    Example:
+      >>> import fdp
+      >>> acc = fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60)
+      >>> lo, hi = acc.get_epsilon_bounds(delta=1e-5)   # ~ (2.384, 2.385), 14,100 steps
+    """
+    from fdp.accountant import PLDAccountant
+    from fdp.mechanisms.gaussian import Gaussian
+
+    steps = epochs_to_steps(epochs, batch_size, dataset_size)
+    p = sampling_rate(batch_size, dataset_size)
+    if jl_projections is None:
+        mechanism = Gaussian(noise_multiplier=noise_multiplier, sampling_rate=p)
+    else:
+        from fdp.mechanisms.jl import JL
+
+        mechanism = JL(noise_multiplier=noise_multiplier, jl_projections=jl_projections, sampling_rate=p)
+    if accountant is None:
+        accountant = PLDAccountant()
+    elif not isinstance(accountant, PLDAccountant):
+        raise ValueError(f"accountant must be an fdp.PLDAccountant or None; got {type(accountant).__name__}")
+    return accountant.compose(mechanism, steps=steps)
