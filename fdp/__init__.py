@@ -24,6 +24,9 @@ from fdp.tradeoff import (
 from fdp.mechanisms.jl import JL, RandomSensitivityGaussian
 from fdp.calibration import calibrate_noise_multiplier
 from fdp.epochs import dpsgd, epochs_to_steps, steps_per_epoch
+from fdp.curves import epsilon_curve
+from fdp.risk import AttackRisk, attack_risk
+from fdp.interop import from_dp_event
 from fdp.mechanisms.laplace import Laplace, LaplaceCurve, laplace_curve
 from fdp.mechanisms.discrete import FromDistributions, RandomizedResponse
 from fdp.mechanisms.from_delta import FromDelta

@@ -70,6 +70,8 @@ class PLDAccountant:
         smaller is tighter and slower.
       epsilon_rtol: ``get_epsilon_bounds`` halves the automatic grid spacing (up to
         ``max_refinements`` times) until (upper - lower) <= epsilon_rtol * upper.
+      max_refinements: the most halvings of the grid spacing per side, in [0, 8]; more
+        is tighter and slower (0: the automatic grid only).
       max_points: largest FFT allowed (bounds memory: 16 bytes per point).
 
     Example:
@@ -84,8 +86,8 @@ class PLDAccountant:
     epsilon_rtol: float = 1e-3
     max_refinements: int = 3
     max_points: int = MAX_FFT_POINTS
-    _events: list[tuple[Mechanism, int]] = field(default_factory=list, repr=False)
-    _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+    _events: list[tuple[Mechanism, int]] = field(default_factory=list, init=False, repr=False)
+    _cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.grid_spacing is not None:
@@ -94,6 +96,10 @@ class PLDAccountant:
         self.max_points = check_integer("max_points", self.max_points, low=1024, high=1 << 27)
         self.epsilon_rtol = check_real("epsilon_rtol", self.epsilon_rtol, low=0.0)
         self.max_refinements = check_integer("max_refinements", self.max_refinements, low=0, high=8)
+
+    def fresh(self) -> "PLDAccountant":
+        """A new accountant with these settings and no events."""
+        return PLDAccountant(**{name: getattr(self, name) for name in _SETTINGS})
 
     # ------------------------------------------------------------------ events
     def compose(self, mechanism: Mechanism, steps: int = 1) -> "PLDAccountant":
@@ -180,7 +186,7 @@ class PLDAccountant:
             lo, hi = max(lo, lo2), min(hi, hi2)  # every pass gives valid bounds
         if self.grid_spacing is None and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
             lo = max(lo, self._capped_lower(d, delta, tail, lo, hi))
-        return reported(lo, hi, delta, rtol)
+        return reported(lo, hi, delta, rtol, fixed_grid=self.grid_spacing is not None)
 
     def _epsilon_pass(self, delta: float, tail: float, rtol: float, tilts: dict) -> tuple:
         """One refinement loop of :meth:`get_epsilon_bounds` with FFTs tilted by ``tilts``.

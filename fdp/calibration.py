@@ -54,7 +54,6 @@ sigma = noise multiplier (noise std / sensitivity), mu = 1/sigma per step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -369,12 +368,7 @@ def _mechanism_factory(
 
 def _fresh_accountant(template: PLDAccountant) -> PLDAccountant:
     """A new accountant with ``template``'s settings and recorded events (template untouched)."""
-    resets = {
-        f.name: f.default_factory()  # type: ignore[misc]
-        for f in dataclasses.fields(template)
-        if f.init and f.default_factory is not dataclasses.MISSING
-    }
-    acc = dataclasses.replace(template, **resets)
+    acc = template.fresh()
     for mech, count in template.events:
         acc.compose(mech, steps=count)
     return acc

@@ -22,7 +22,14 @@ layer), ``ledger`` (what ran, its epsilon), ``guards`` (what is refused),
 ``sampling``, ``losses``, ``optimizers``, ``model``, ``callbacks``.
 """
 
-import keras as _keras
+try:
+    import keras as _keras
+    import tensorflow as _tf  # noqa: F401  (fdp_tf runs on the TensorFlow backend only)
+except ImportError as _err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"fdp_tf needs TensorFlow and Keras 3 ({_err}); install them with: pip install \"fdp[tf]\" "
+        "(or pip install -e \".[tf]\" in a checkout)"
+    ) from _err
 
 if _keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on the environment
     raise ImportError(

@@ -32,13 +32,16 @@ class PrivacyCallback(keras.callbacks.Callback):
     Args:
       delta: target delta in (0, 1), e.g. 1e-5 or below 1/N.
       log_key: the name in the logs (default ``"epsilon"``).
+      accountant: an :class:`fdp.PLDAccountant` whose settings the ledger's epsilon
+        uses (e.g. ``fdp.PLDAccountant(max_refinements=6)`` where the default bracket
+        is wider than its tolerance); default ``fdp.PLDAccountant()``.
 
     Raises:
       ValueError: at the start of training, if the model is not an
         :class:`fdp_tf.PrivateModel` (only it keeps a ledger).
     """
 
-    def __init__(self, *, delta: float, log_key: str = "epsilon", **legacy: Any) -> None:
+    def __init__(self, *, delta: float, log_key: str = "epsilon", accountant: Any = None, **legacy: Any) -> None:
         super().__init__()
         if "sampling_rate" in legacy:
             raise ValueError(
@@ -50,6 +53,11 @@ class PrivacyCallback(keras.callbacks.Callback):
             raise TypeError(f"unexpected arguments {sorted(legacy)}")
         self.delta = check_delta(delta)
         self.log_key = log_key
+        import fdp
+
+        if accountant is not None and not isinstance(accountant, fdp.PLDAccountant):
+            raise ValueError(f"accountant must be an fdp.PLDAccountant or None; got {type(accountant).__name__}")
+        self.accountant = accountant
         self._cache: dict[PrivacyLedger, float] = {}
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -63,7 +71,7 @@ class PrivacyCallback(keras.callbacks.Callback):
         """Epsilon of everything in the model's ledger (cached per ledger)."""
         ledger = self.model.ledger
         if ledger not in self._cache:
-            self._cache[ledger] = ledger.epsilon(self.delta)
+            self._cache[ledger] = ledger.epsilon(self.delta, self.accountant)
         return self._cache[ledger]
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:

@@ -97,11 +97,12 @@ class PrivacyLedger:
     def steps(self) -> int:
         return sum(s.steps for s in self.segments)
 
-    def epsilon(self, delta: float) -> float:
+    def epsilon(self, delta: float, accountant: Any = None) -> float:
         """Certified upper bound on epsilon at ``delta`` of everything in the ledger.
 
         0.0 before any step; ``inf`` if any step ran without noise or without a DP
-        optimizer.
+        optimizer. ``accountant``: an :class:`fdp.PLDAccountant` whose settings to use
+        (e.g. ``max_refinements``, ``grid_scale``); its events are not used.
         """
         delta = check_delta(delta)
         active = [s for s in self.segments if s.steps > 0]
@@ -111,7 +112,9 @@ class PrivacyLedger:
             return math.inf
         import fdp
 
-        accountant = fdp.PLDAccountant()
+        if accountant is not None and not isinstance(accountant, fdp.PLDAccountant):
+            raise ValueError(f"accountant must be an fdp.PLDAccountant or None; got {type(accountant).__name__}")
+        accountant = fdp.PLDAccountant() if accountant is None else accountant.fresh()
         for s in active:
             accountant = accountant.compose(s.mechanism(), steps=s.steps)
         return float(accountant.get_epsilon(delta=delta))

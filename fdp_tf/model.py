@@ -278,9 +278,10 @@ class PrivateModel(keras.Model):
         """Everything trained so far (restored with the weights)."""
         return PrivacyLedger.from_table(keras.ops.convert_to_numpy(self.dp_ledger))
 
-    def epsilon(self, delta: float) -> float:
-        """Certified upper bound on epsilon at ``delta`` of all training in the ledger."""
-        return self.ledger.epsilon(delta)
+    def epsilon(self, delta: float, accountant: Any = None) -> float:
+        """Certified upper bound on epsilon at ``delta`` of all training in the ledger
+        (``accountant``: an :class:`fdp.PLDAccountant` whose settings to use)."""
+        return self.ledger.epsilon(delta, accountant)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any,
             sampling: PoissonSampling | None = None, **kwargs: Any) -> Any:

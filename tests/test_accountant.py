@@ -187,9 +187,16 @@ def test_screening_keeps_both_directions_sound():
 def test_bounds_wider_than_asked_come_with_a_warning_that_says_what_to_do():
     acc = fdp.PLDAccountant(grid_spacing=0.01).compose(
         fdp.Gaussian(noise_multiplier=0.8, sampling_rate=0.01), steps=10000)
-    with pytest.warns(UserWarning, match="grid_spacing"):
+    with pytest.warns(UserWarning, match="grid_spacing") as record:
         lo, hi = acc.get_epsilon_bounds(1e-6)
     assert lo < hi < math.inf
+    assert "max_refinements" not in str(record[0].message)  # a fixed grid is never refined
+    # the automatic grid, held to a tolerance it cannot reach without refinement
+    auto = fdp.PLDAccountant(max_refinements=0, epsilon_rtol=1e-7).compose(
+        fdp.Gaussian(noise_multiplier=0.8, sampling_rate=0.01), steps=10000)
+    with pytest.warns(UserWarning, match="max_refinements") as record:
+        auto.get_epsilon_bounds(1e-6)
+    assert "accountant=" in str(record[0].message)
 
 
 def test_an_infinite_upper_bound_is_explained():

@@ -88,8 +88,9 @@ def tail_budget(delta: float) -> float:
     return max(1e-4 * delta, 1e-300)
 
 
-def reported(lo: float, hi: float, delta: float, rtol: float) -> tuple[float, float]:
-    """(lo, hi), with a warning when the bounds are not as tight as asked."""
+def reported(lo: float, hi: float, delta: float, rtol: float, fixed_grid: bool = False) -> tuple[float, float]:
+    """(lo, hi), with a warning when the bounds are not as tight as asked; it names the
+    settings that narrow them (a fixed ``grid_spacing`` is never refined)."""
     if hi == math.inf:
         warnings.warn(
             f"the certified upper bound on epsilon at delta={delta:.3g} is inf: the composed "
@@ -100,7 +101,11 @@ def reported(lo: float, hi: float, delta: float, rtol: float) -> tuple[float, fl
     elif hi - lo > rtol * hi and hi - lo > EPSILON_ATOL:
         warnings.warn(
             f"epsilon bounds [{lo:.6g}, {hi:.6g}] are wider than the relative tolerance {rtol:g}; "
-            f"pass a smaller grid_spacing, or raise max_points / max_refinements",
+            f"report the upper one, or narrow them with "
+            + ("a smaller grid_spacing of fdp.PLDAccountant (or grid_spacing=None: the automatic "
+               "grid, refined as needed)" if fixed_grid else
+               "fdp.PLDAccountant(max_refinements=6) (or a smaller grid_scale, a larger max_points)")
+            + ", passed as accountant= to fdp_tf.PrivacyCallback, fdp.dpsgd or fdp.calibrate_noise_multiplier",
             stacklevel=3,
         )
     return lo, hi

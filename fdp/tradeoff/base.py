@@ -318,8 +318,9 @@ class TradeoffCurve(abc.ABC):
         Returns:
           The matplotlib Axes.
         """
-        import matplotlib.pyplot as plt
+        from fdp._optional import require
 
+        plt = require("matplotlib.pyplot", "plot")
         if ax is None:
             _, ax = plt.subplots(figsize=(4.5, 4.5))
         grid = np.unique(np.concatenate([np.linspace(0.0, 1.0, 501), self._vertices()]))

@@ -159,3 +159,21 @@ def test_ledger_composes_phases_at_their_own_rates() -> None:
     expected = fdp.PLDAccountant().compose(first, steps=4).compose(second, steps=16).get_epsilon(delta=DELTA)
     assert model.epsilon(DELTA) == expected
     assert model.epsilon(DELTA) > _reference_epsilon(first, 4)
+
+
+def test_privacy_callback_uses_the_accountant_settings_it_is_given() -> None:
+    """The wide-bracket warning tells users to pass accountant settings: the callback
+    and PrivateModel.epsilon take them (the ledger's events are composed on a fresh copy)."""
+    x, y = dense_data(n=200)
+    optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=0.1, seed=0)
+    model = fdp_tf.make_private(dense_model(), optimizer=optimizer, loss=CE)
+    data = fdp_tf.poisson_batches(x, y, expected_batch_size=20, seed=0)  # p = 0.1, 10 steps/epoch
+    coarse = fdp.PLDAccountant(grid_spacing=0.05, max_refinements=0)
+    history = model.fit(data, epochs=1, verbose=0,
+                        callbacks=[fdp_tf.PrivacyCallback(delta=DELTA, accountant=coarse)])
+    mechanism = fdp.Gaussian(noise_multiplier=1.0, sampling_rate=0.1)
+    expected = coarse.fresh().compose(mechanism, steps=10).get_epsilon(DELTA)
+    assert history.history["epsilon"] == [expected] != [_reference_epsilon(mechanism, 10)]
+    assert model.epsilon(DELTA, accountant=coarse) == expected and coarse.events == ()
+    with pytest.raises(ValueError, match="accountant"):
+        fdp_tf.PrivacyCallback(delta=DELTA, accountant="pld")
