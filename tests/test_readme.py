@@ -43,3 +43,21 @@ def test_readme_use_example_runs_and_its_comments_hold():
     sigma = ns["sigma"]
     mech = fdp.Gaussian(noise_multiplier=sigma, sampling_rate=256 / 60000)
     assert fdp.PLDAccountant().compose(mech, steps=14100).get_epsilon(1e-5) <= 1.0
+
+
+def test_readme_command_lines_run(tmp_path):
+    """Each complete `fdp ...` line of the README's command-line block runs (exit 0)."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Command line\n\n```bash\n(.*?)```", readme, flags=re.S)
+    assert block, "README has no command-line block"
+    text = block.group(1).replace("\\\n", " ")
+    lines = [line.split("#")[0].split() for line in text.splitlines() if line.startswith("fdp ")]
+    complete = [words for words in lines if "..." not in words]
+    assert len(complete) >= 3
+    for words in complete:
+        words = [str(tmp_path / w) if w.endswith(".png") else w for w in words]
+        words = ["1,5" if w == "1,5,10,30" else ("2" if w == "15" else w) for w in words]  # keep it short
+        proc = subprocess.run([sys.executable, "-m", "fdp", *words[1:]], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, (words, proc.stderr[-2000:])
+        assert any(c in proc.stdout for c in "[|{")

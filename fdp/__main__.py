@@ -1,0 +1,5 @@
+import sys
+
+from fdp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,126 @@
+"""From flags to fdp objects, with errors that name the flag."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["FLAGS", "Unreachable", "UsageError", "accountant_of", "describe", "factory", "flag_error",
+           "projections_of", "setting_line", "sigma_of", "steps_of"]
+
+
+class UsageError(Exception):
+    """A flag's value is invalid: exit status 2."""
+
+
+class Unreachable(Exception):
+    """The target cannot be met: exit status 1."""
+
+
+
+def flag_error(err: ValueError, names: dict[str, str]) -> UsageError:
+    """A library ValueError with the Python argument renamed to its flag."""
+    message = str(err)
+    for name, flag in names.items():
+        if message.startswith(name + " "):
+            return UsageError(flag + message[len(name):])
+    return UsageError(message)
+
+
+FLAGS = {"noise_multiplier": "--noise-multiplier", "jl_projections": "--jl-projections",
+          "sampling_rate": "--sampling-rate", "steps": "--steps", "batch_size": "--batch-size",
+          "dataset_size": "--dataset-size", "epochs": "--epochs", "delta": "--delta",
+          "epsilon": "--epsilon", "target_epsilon": "--target-epsilon", "fpr": "--fpr", "scale": "--noise-multiplier"}
+
+
+def steps_of(args: argparse.Namespace, required: bool = True) -> tuple[float, int | None, dict[str, Any]]:
+    """(sampling rate, steps or None, a description) from either form of the flags."""
+    from fdp import epochs as ep
+    from fdp._validation import check_integer, check_sampling_rate
+
+    by_epochs = [args.batch_size, args.dataset_size]
+    if args.sampling_rate is not None:
+        if any(v is not None for v in by_epochs) or args.epochs is not None:
+            raise UsageError("give either --sampling-rate/--steps or --batch-size/--dataset-size/--epochs, not both")
+        p = check_sampling_rate(args.sampling_rate, "--sampling-rate")
+        if args.steps is None:
+            if required:
+                raise UsageError("--steps is required with --sampling-rate")
+            return p, None, {"sampling_rate": p}
+        t = check_integer("--steps", args.steps, low=1, high=10**12)
+        return p, t, {"sampling_rate": p, "steps": t}
+    if any(v is None for v in by_epochs):
+        raise UsageError("give --sampling-rate and --steps, or --batch-size, --dataset-size and --epochs")
+    if args.steps is not None:
+        raise UsageError("--steps goes with --sampling-rate; with --batch-size/--dataset-size give --epochs")
+    p = ep.sampling_rate(args.batch_size, args.dataset_size)
+    info = {"sampling_rate": p, "batch_size": args.batch_size, "dataset_size": args.dataset_size,
+            "steps_per_epoch": ep.steps_per_epoch(args.batch_size, args.dataset_size)}
+    if args.epochs is None:
+        if required:
+            raise UsageError("--epochs is required with --batch-size and --dataset-size")
+        return p, None, info
+    t = ep.epochs_to_steps(args.epochs, args.batch_size, args.dataset_size)
+    return p, t, {**info, "epochs": args.epochs, "steps": t}
+
+
+def factory(args: argparse.Namespace, p: float, r: int | None):
+    """sigma -> one step of the chosen mechanism at rate p."""
+    import fdp
+
+    if args.mechanism == "gaussian":
+        if r is not None:
+            raise UsageError("--jl-projections is only used with --mechanism jl")
+        return lambda s: fdp.Gaussian(noise_multiplier=s, sampling_rate=p)
+    if args.mechanism == "laplace":
+        if r is not None:
+            raise UsageError("--jl-projections is only used with --mechanism jl")
+        return lambda s: fdp.Laplace(scale=s, sampling_rate=p)
+    return lambda s: fdp.JL(noise_multiplier=s, jl_projections=r, sampling_rate=p)
+
+
+def sigma_of(args: argparse.Namespace) -> float:
+    from fdp._validation import check_real
+
+    if args.noise_multiplier is None:
+        raise UsageError("--noise-multiplier is required")
+    return check_real("--noise-multiplier", args.noise_multiplier, low=0.0, low_inclusive=False)
+
+
+def projections_of(args: argparse.Namespace, required: bool = True) -> int | None:
+    from fdp._validation import check_integer
+
+    if args.mechanism != "jl":
+        return args.jl_projections  # refused by _factory if given
+    if args.jl_projections is None:
+        if required:
+            raise UsageError("--jl-projections is required with --mechanism jl")
+        return None
+    return check_integer("--jl-projections", args.jl_projections, low=1, high=10**9)
+
+
+def describe(args: argparse.Namespace, sigma: float | None, r: int | None, info: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"mechanism": args.mechanism}
+    if sigma is not None:
+        out["noise_multiplier"] = sigma
+    if r is not None:
+        out["jl_projections"] = r
+    return {**out, **info}
+
+
+def setting_line(d: dict[str, Any]) -> str:
+    parts = [f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items()]
+    return "  " + ", ".join(parts)
+
+
+# ------------------------------------------------------------------- commands
+def accountant_of(args: argparse.Namespace):
+    import fdp
+
+    sigma = sigma_of(args)
+    r = projections_of(args)
+    p, t, info = steps_of(args)
+    mech = factory(args, p, r)(sigma)
+    return fdp.PLDAccountant().compose(mech, steps=t), describe(args, sigma, r, info)
+
+

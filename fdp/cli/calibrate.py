@@ -1,0 +1,125 @@
+"""``fdp calibrate``: the noise multiplier, the fewest JL projections, or the most epochs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from fdp.cli.arguments import (UsageError, Unreachable, describe, factory, projections_of, setting_line, sigma_of,
+                               steps_of)
+
+__all__ = ["MAX_PROJECTIONS", "cmd_calibrate"]
+
+#: Largest r searched by ``fdp calibrate`` for the number of JL projections.
+MAX_PROJECTIONS = 1 << 14
+
+def cmd_calibrate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from fdp._validation import check_delta, check_real
+    from fdp.pld.queries import check_certifiable_delta
+
+    target = check_real("--target-epsilon", args.target_epsilon, low=0.0, low_inclusive=False)
+    delta = check_certifiable_delta(check_delta(args.delta, "--delta"))
+    p, t, info = steps_of(args, required=False)
+    r = projections_of(args, required=False)
+    if args.noise_multiplier is None:  # the noise multiplier
+        if t is None:
+            raise UsageError("give the steps (--steps or --epochs), or --noise-multiplier to calibrate the epochs")
+        if args.mechanism == "jl" and r is None:
+            raise UsageError("--jl-projections is required to calibrate the noise multiplier of --mechanism jl")
+        sigma = _calibrate_sigma(args, target, delta, p, t, r)
+        setting = describe(args, sigma, r, info)
+        return ({"target_epsilon": target, "delta": delta, **setting},
+                f"noise_multiplier={sigma:.6g} meets epsilon <= {target:g} at delta={delta:g} (certified)\n"
+                f"{setting_line(setting)}")
+    sigma = sigma_of(args)
+    if t is None:  # the most steps / epochs
+        return _calibrate_steps(args, target, delta, p, sigma, r, info)
+    if args.mechanism == "jl" and r is None:  # the fewest projections
+        r = _fewest_projections(args, target, delta, p, t, sigma)
+        setting = describe(args, sigma, r, info)
+        return ({"target_epsilon": target, "delta": delta, **setting},
+                f"jl_projections={r} (the fewest) meets epsilon <= {target:g} at delta={delta:g}\n"
+                f"{setting_line(setting)}")
+    raise UsageError("leave out what to calibrate: --noise-multiplier, --jl-projections (--mechanism jl), "
+                     "or the steps (--steps / --epochs)")
+
+
+def eps_upper(mech, steps: int, delta: float) -> float:
+    import warnings
+
+    import fdp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return fdp.PLDAccountant().compose(mech, steps=steps).get_epsilon(delta)
+
+
+def _calibrate_sigma(args, target: float, delta: float, p: float, t: int, r: int | None) -> float:
+    import fdp
+
+    kind = "gaussian" if args.mechanism == "gaussian" else ("jl" if args.mechanism == "jl" else factory(args, p, r))
+    kwargs = dict(sampling_rate=p, jl_projections=r) if isinstance(kind, str) else {}
+    if kind == "gaussian":
+        kwargs.pop("jl_projections")
+    try:
+        return fdp.calibrate_noise_multiplier(target_epsilon=target, delta=delta, steps=t, mechanism=kind,
+                                              progress=not args.json, **kwargs)
+    except ValueError as err:
+        if "unreachable" in str(err):
+            raise Unreachable(str(err)) from None
+        raise
+
+
+def _fewest_projections(args, target: float, delta: float, p: float, t: int, sigma: float) -> int:
+    """Smallest r with certified epsilon <= target: epsilon falls with r (docs/jl.md), so
+    double from 8 until one meets it, then bisect; the Gaussian is the r -> inf limit."""
+    import fdp
+
+    if eps_upper(fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p), t, delta) > target:
+        raise Unreachable(f"even the Gaussian (r -> infinity) misses epsilon <= {target:g} at "
+                          f"noise_multiplier={sigma:g}: raise --noise-multiplier or --target-epsilon")
+
+    def meets(r: int) -> bool:
+        ok = eps_upper(fdp.JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p), t, delta) <= target
+        if not args.json:
+            print(f"fdp calibrate: r={r} {'meets' if ok else 'misses'} the target", file=sys.stderr)
+        return ok
+
+    hi = 8
+    while not meets(hi):
+        if hi >= MAX_PROJECTIONS:
+            raise Unreachable(f"no r <= {MAX_PROJECTIONS} meets epsilon <= {target:g}")
+        hi *= 2
+    lo = hi // 2 if hi > 8 else 0  # misses at lo (or lo = 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+    return hi
+
+
+def _calibrate_steps(args, target, delta, p, sigma, r, info) -> tuple[dict[str, Any], str]:
+    """The most steps (whole epochs when given B and N) with certified epsilon <= target."""
+    mech = factory(args, p, r)(sigma)
+    unit = info.get("steps_per_epoch", 1)
+    name = "epochs" if "steps_per_epoch" in info else "steps"
+
+    def meets(k: int) -> bool:
+        return eps_upper(mech, k * unit, delta) <= target
+
+    if not meets(1):
+        raise Unreachable(f"even one {name[:-1]} ({unit} steps) gives epsilon > {target:g}")
+    lo, hi = 1, 2
+    while meets(hi):
+        lo, hi = hi, hi * 2
+        if hi * unit > 10**12:
+            raise Unreachable("the target is met for more than 10^12 steps: the mechanism leaks almost nothing")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+    setting = describe(args, sigma, r, {**info, name: lo, "steps": lo * unit} if name == "epochs" else
+                        {**info, "steps": lo})
+    return ({"target_epsilon": target, "delta": delta, **setting},
+            f"{lo} {name} (the most) meet epsilon <= {target:g} at delta={delta:g}\n{setting_line(setting)}")
+
+

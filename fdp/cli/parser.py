@@ -1,0 +1,69 @@
+"""The argument parser of ``fdp``: subcommands and their flags."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+__all__ = ["MECHANISMS", "build_parser"]
+
+MECHANISMS = ("gaussian", "laplace", "jl")
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers; got {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers; got {text!r}") from None
+
+
+def build_parser() -> _Parser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--mechanism", choices=MECHANISMS, default="gaussian",
+                        help="one step: Poisson-subsampled Gaussian, Laplace, or DP-SGD-JL's JL mechanism")
+    common.add_argument("--noise-multiplier", type=float,
+                        help="sigma (noise std / clipping norm); the Laplace scale b for --mechanism laplace")
+    common.add_argument("--sampling-rate", type=float, help="Poisson rate p in (0, 1] (with --steps)")
+    common.add_argument("--steps", type=int, help="number of steps T (with --sampling-rate)")
+    common.add_argument("--batch-size", type=int, help="expected batch size B (with --dataset-size, --epochs)")
+    common.add_argument("--dataset-size", type=int, help="number of training examples N")
+    common.add_argument("--epochs", type=float, help="epochs E; ceil(E * ceil(N/B)) steps")
+    common.add_argument("--json", action="store_true", help="print one JSON object")
+    jl = argparse.ArgumentParser(add_help=False)
+    jl.add_argument("--jl-projections", type=int, help="r, the JL projections (--mechanism jl)")
+
+    parser = _Parser(prog="fdp", description="Certified privacy accounting for DP-SGD and DP-SGD-JL",
+                     epilog="Every bound printed is certified (docs/accountant.md).")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("epsilon", parents=[common, jl], help="certified bounds on epsilon at --delta")
+    p.add_argument("--delta", type=float, required=True)
+    p = sub.add_parser("delta", parents=[common, jl], help="certified bounds on delta at --epsilon")
+    p.add_argument("--epsilon", type=float, required=True)
+    p = sub.add_parser("calibrate", parents=[common, jl],
+                       help="the noise multiplier (or the fewest JL projections, or the most epochs) "
+                            "meeting --target-epsilon")
+    p.add_argument("--target-epsilon", type=float, required=True)
+    p.add_argument("--delta", type=float, required=True)
+    p = sub.add_parser("curves", parents=[common], help="epsilon after each epoch, for several r")
+    p.add_argument("--jl-projections", type=_ints, default=[],
+                   help="comma-separated r values (a Gaussian row is always added)")
+    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--plot", help="write a PNG of the curves (needs fdp[plot])")
+    p = sub.add_parser("risk", parents=[common, jl],
+                       help="bounds on a membership-inference attacker's TPR at given FPRs")
+    p.add_argument("--fpr", type=_floats, default=None, help="comma-separated false-positive rates")
+    p.add_argument("--plot", help="write a PNG of TPR against FPR (needs fdp[plot])")
+    return parser
+
+

@@ -1,0 +1,170 @@
+"""The ``fdp`` command line: every command and form, --json parsed back, bad flags."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import fdp
+from fdp.cli import main
+
+SEED = ["--batch-size", "256", "--dataset-size", "25000", "--epochs", "2", "--delta", "1e-5"]
+MNIST = ["--noise-multiplier", "1.1", "--batch-size", "256", "--dataset-size", "60000", "--epochs", "60"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv):
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_epsilon_both_forms_agree_with_the_library(capsys):
+    by_epochs = run_json(capsys, "epsilon", *MNIST, "--delta", "1e-5")
+    ref = fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60).get_epsilon_bounds(1e-5)
+    assert (by_epochs["lower"], by_epochs["upper"]) == ref
+    assert by_epochs["steps"] == 14100 and by_epochs["steps_per_epoch"] == 235
+    by_rate = run_json(capsys, "epsilon", "--noise-multiplier", "1.1", "--sampling-rate", str(256 / 60000),
+                       "--steps", "14100", "--delta", "1e-5")
+    assert (by_rate["lower"], by_rate["upper"]) == ref
+    code, out, _ = run(capsys, "epsilon", *MNIST, "--delta", "1e-5")
+    assert code == 0 and "epsilon in [2.38" in out and "certified" in out
+
+
+def test_epsilon_jl_and_laplace(capsys):
+    jl = run_json(capsys, "epsilon", "--mechanism", "jl", "--noise-multiplier", "0.6", "--jl-projections", "30", *SEED)
+    gauss = run_json(capsys, "epsilon", "--noise-multiplier", "0.6", *SEED)
+    assert jl["lower"] > gauss["upper"] and jl["jl_projections"] == 30
+    lap = run_json(capsys, "epsilon", "--mechanism", "laplace", "--noise-multiplier", "2.0",
+                   "--sampling-rate", "1", "--steps", "1", "--delta", "1e-5")
+    ref = fdp.PLDAccountant().compose(fdp.Laplace(scale=2.0), steps=1).get_epsilon_bounds(1e-5)
+    assert (lap["lower"], lap["upper"]) == ref and ref[1] <= 0.5  # b = 2: (1/b, 0)-DP
+
+
+def test_delta(capsys):
+    d = run_json(capsys, "delta", *MNIST, "--epsilon", "2")
+    ref = fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60).get_delta_bounds(2.0)
+    assert (d["lower"], d["upper"]) == ref
+
+
+def test_calibrate_sigma_epochs_and_projections(capsys):
+    sigma = run_json(capsys, "calibrate", "--batch-size", "256", "--dataset-size", "60000", "--epochs", "60",
+                     "--target-epsilon", "1", "--delta", "1e-5")["noise_multiplier"]
+    assert fdp.dpsgd(noise_multiplier=sigma, batch_size=256, dataset_size=60000, epochs=60).get_epsilon(1e-5) <= 1
+    most = run_json(capsys, "calibrate", *MNIST[:-2], "--target-epsilon", "2", "--delta", "1e-5")
+    e = most["epochs"]
+    assert fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=e).get_epsilon(1e-5) <= 2
+    assert fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=e + 1).get_epsilon(1e-5) > 2
+    fewest = run_json(capsys, "calibrate", "--mechanism", "jl", "--noise-multiplier", "1.5", "--sampling-rate", "0.01",
+                      "--steps", "300", "--target-epsilon", "6", "--delta", "1e-5")
+    r = fewest["jl_projections"]
+
+    def eps(r):
+        mech = fdp.JL(noise_multiplier=1.5, jl_projections=r, sampling_rate=0.01)
+        return fdp.PLDAccountant().compose(mech, steps=300).get_epsilon(1e-5)
+    assert eps(r) <= 6 < eps(r - 1)
+
+
+def test_unreachable_target_exits_1(capsys):
+    code, out, err = run(capsys, "calibrate", "--mechanism", "jl", "--noise-multiplier", "0.3", "--sampling-rate", "1",
+                         "--steps", "1000", "--target-epsilon", "0.01", "--delta", "1e-5")
+    assert code == 1 and "Gaussian" in err and out == ""
+
+
+def test_curves_table_json_and_plot(capsys, tmp_path):
+    png = tmp_path / "c.png"
+    data = run_json(capsys, "curves", "--noise-multiplier", "0.6", "--jl-projections", "30", *SEED, "--plot", str(png))
+    assert set(data["curves"]) == {"JL(r=30)", "Gaussian"} and data["epochs"] == [1, 2]
+    jl, g = data["curves"]["JL(r=30)"], data["curves"]["Gaussian"]
+    assert all(lo <= hi for lo, hi in zip(jl["lower"], jl["upper"]))
+    assert jl["lower"][1] > g["upper"][1] and jl["upper"][0] <= jl["upper"][1]
+    assert png.stat().st_size > 1000
+    code, out, err = run(capsys, "curves", "--noise-multiplier", "0.6", *SEED)
+    # the tqdm bar is drawn on a terminal only, so logs and pipes stay clean
+    assert code == 0 and "| 2 |" in out and err == ""
+
+
+def test_risk(capsys, tmp_path):
+    png = tmp_path / "r.png"
+    data = run_json(capsys, "risk", *MNIST, "--fpr", "0.001,0.01", "--plot", str(png))
+    ref = fdp.attack_risk(fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60),
+                          fpr=[0.001, 0.01])
+    assert data["tpr_upper"] == list(ref.tpr_upper) and data["fpr"] == [0.001, 0.01]
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["epsilon", "--noise-multiplier", "-1", "--sampling-rate", "0.1", "--steps", "10", "--delta", "1e-5"],
+     "--noise-multiplier"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "1.5", "--steps", "10", "--delta", "1e-5"],
+     "--sampling-rate"),
+    (["epsilon", "--noise-multiplier", "abc", "--sampling-rate", "0.1", "--steps", "10", "--delta", "1e-5"],
+     "--noise-multiplier"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "0", "--delta", "1e-5"], "--steps"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--delta", "1e-5"], "--steps"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10", "--delta", "2"], "--delta"),
+    (["epsilon", "--noise-multiplier", "1", "--batch-size", "300", "--dataset-size", "100", "--epochs", "1",
+      "--delta", "1e-5"], "--batch-size"),
+    (["epsilon", "--noise-multiplier", "1", "--batch-size", "10", "--dataset-size", "100", "--epochs", "-1",
+      "--delta", "1e-5"], "--epochs"),
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10", "--batch-size", "10",
+      "--dataset-size", "100", "--epochs", "1", "--delta", "1e-5"], "--sampling-rate"),
+    (["epsilon", "--noise-multiplier", "1", "--jl-projections", "5", "--sampling-rate", "0.1", "--steps", "10",
+      "--delta", "1e-5"], "--jl-projections"),
+    (["epsilon", "--mechanism", "jl", "--noise-multiplier", "1", "--jl-projections", "0", "--sampling-rate", "0.1",
+      "--steps", "10", "--delta", "1e-5"], "--jl-projections"),
+    (["epsilon", "--mechanism", "rr", "--noise-multiplier", "1"], "--mechanism"),
+    (["delta", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10", "--epsilon", "-1"], "--epsilon"),
+    (["calibrate", "--sampling-rate", "0.1", "--steps", "10", "--target-epsilon", "0", "--delta", "1e-5"],
+     "--target-epsilon"),
+    (["risk", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10", "--fpr", "2"], "--fpr"),
+    (["curves", "--noise-multiplier", "1", "--jl-projections", "5,x", "--batch-size", "10", "--dataset-size", "100",
+      "--epochs", "2", "--delta", "1e-5"], "--jl-projections"),
+])
+def test_bad_flag_is_one_line_naming_it_and_exits_2(capsys, argv, flag):
+    with pytest.raises(SystemExit) if _argparse_rejects(argv) else _nothing():
+        code = main(argv)
+        assert code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and flag in err and err.count("\n") == 1, err
+
+
+def _argparse_rejects(argv):
+    return any(v in argv for v in ("abc", "rr", "5,x"))
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_argparse_errors_exit_2():
+    with pytest.raises(SystemExit) as info:
+        main(["epsilon", "--noise-multiplier", "abc"])
+    assert info.value.code == 2
+
+
+def test_console_script_and_module_entry_point():
+    exe = shutil.which("fdp")
+    commands = [[sys.executable, "-m", "fdp"]] + ([[exe]] if exe else [])
+    for cmd in commands:
+        proc = subprocess.run(cmd + ["epsilon", "--noise-multiplier", "2", "--sampling-rate", "1", "--steps", "4",
+                                     "--delta", "1e-5", "--json"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["command"] == "epsilon"
+        proc = subprocess.run(cmd + ["epsilon", "--noise-multiplier", "-2", "--sampling-rate", "1", "--steps", "4",
+                                     "--delta", "1e-5"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "--noise-multiplier" in proc.stderr
+    assert subprocess.run([sys.executable, "-m", "fdp", "--help"], capture_output=True, timeout=120).returncode == 0
