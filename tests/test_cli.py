@@ -168,3 +168,27 @@ def test_console_script_and_module_entry_point():
                                      "--delta", "1e-5"], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "--noise-multiplier" in proc.stderr
     assert subprocess.run([sys.executable, "-m", "fdp", "--help"], capture_output=True, timeout=120).returncode == 0
+
+
+def test_warmup_caches_every_kernel_a_query_compiles(tmp_path):
+    """After `fdp warmup` on an empty Numba cache, a new process answering a Gaussian and a
+    JL query (and an attack-risk query) compiles nothing: every kernel is loaded from disk."""
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    warm = subprocess.run([sys.executable, "-m", "fdp", "warmup", "--json"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert warm.returncode == 0, warm.stderr
+    assert set(json.loads(warm.stdout)["seconds"]) == {"Gaussian accountant", "JL mechanism",
+                                                        "tradeoff curves and attack risk"}
+    probe = (
+        "from numba.core import event\n"
+        "import fdp\n"
+        "with event.install_recorder('numba:compile') as rec:\n"
+        "    fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=3).get_epsilon_bounds(1e-5)\n"
+        "    fdp.dpsgd(noise_multiplier=0.6, batch_size=256, dataset_size=25000, epochs=2,\n"
+        "              jl_projections=10).get_epsilon_bounds(1e-5)\n"
+        "    fdp.attack_risk(fdp.dpsgd(noise_multiplier=1.0, batch_size=64, dataset_size=6400, epochs=2), fpr=[0.1])\n"
+        "print(sorted({ev.data['dispatcher'].py_func.__qualname__ for _, ev in rec.buffer if ev.is_start}))\n"
+    )
+    after = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=600)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.strip() == "[]", f"compiled after warmup: {after.stdout}"

@@ -344,7 +344,14 @@ def mixture_cells(offset, h, n, mus, ws, bases, eta, w_max, p, remove, pessimist
             if ws[j] > 0.0:
                 _one_component(offset, h, n, mus[j], ws[j], p, remove, pessimistic, x_cut, bases[j], eta, w_max,
                                acc_p[c], acc_u[c], acc_t[c])
-    p_cell = acc_p.sum(axis=0)
-    u_cell = acc_u.sum(axis=0)
-    tails = acc_t.sum(axis=0)
+    # explicit sums over the chunks: sum(axis=0) costs seconds of numba compilation
+    p_cell = np.zeros(n)
+    u_cell = np.zeros(n)
+    tails = np.zeros(5)
+    for c in range(chunks):
+        for k in range(n):
+            p_cell[k] += acc_p[c, k]
+            u_cell[k] += acc_u[c, k]
+        for k in range(5):
+            tails[k] += acc_t[c, k]
     return p_cell, u_cell, tails

@@ -11,15 +11,15 @@ relative error; :mod:`fdp.pld.roundoff` bounds what the squarings make of it).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 __all__ = ["complex_power"]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def complex_power_inplace(values, n):  # pragma: no cover - numba
     """values[i] <- values[i] ** n for an integer n >= 1, by repeated squaring."""
-    for i in prange(values.shape[0]):
+    for i in range(values.shape[0]):
         x = values[i]
         result = 1.0 + 0.0j
         k = n

@@ -7,6 +7,7 @@
     fdp curves --noise-multiplier 0.6 --jl-projections 1,5,10,30 --batch-size 256 \\
         --dataset-size 25000 --epochs 15 --delta 1e-5 --plot curves.png
     fdp risk ... --fpr 1e-4,1e-3,0.01 --plot risk.png
+    fdp warmup                                # compile the kernels once (seconds off every first query)
 
 Steps are either ``--sampling-rate`` and ``--steps``, or ``--batch-size``,
 ``--dataset-size`` and ``--epochs`` (fdp.epochs: ceil(N/B) steps per epoch).
@@ -21,13 +22,13 @@ import sys
 
 from fdp.cli.arguments import FLAGS, Unreachable, UsageError, flag_error
 from fdp.cli.calibrate import cmd_calibrate
-from fdp.cli.commands import cmd_curves, cmd_delta, cmd_epsilon, cmd_risk
+from fdp.cli.commands import cmd_curves, cmd_delta, cmd_epsilon, cmd_risk, cmd_warmup
 from fdp.cli.parser import build_parser
 
 __all__ = ["main"]
 
 COMMANDS = {"epsilon": cmd_epsilon, "delta": cmd_delta, "calibrate": cmd_calibrate,
-            "curves": cmd_curves, "risk": cmd_risk}
+            "curves": cmd_curves, "risk": cmd_risk, "warmup": cmd_warmup}
 
 
 def main(argv: list[str] | None = None) -> int:

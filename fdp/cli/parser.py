@@ -64,6 +64,8 @@ def build_parser() -> _Parser:
                        help="bounds on a membership-inference attacker's TPR at given FPRs")
     p.add_argument("--fpr", type=_floats, default=None, help="comma-separated false-positive rates")
     p.add_argument("--plot", help="write a PNG of TPR against FPR (needs fdp[plot])")
+    p = sub.add_parser("warmup", help="compile and cache the Numba kernels once, after installing")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 

@@ -196,11 +196,13 @@ def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma
     # the forward sweep's atoms below m (a rounded rest goes to the point below its step;
     # at k = 0 there is none and it is dropped, which only lowers delta), the backward
     # sweep's above m, and the junction at m
-    pmf = np.zeros(n + 1)
-    pmf[:m] = fwd_atom[:m]
+    pmf = np.zeros(n + 1)  # element loops, not slice assignment: numba compiles them ~5 s faster
+    for k in range(m):
+        pmf[k] = fwd_atom[k]
     for k in range(1, m):
         pmf[k - 1] += fwd_floor[k]
-    pmf[m + 1:] = bwd_atom[m + 1:]
+    for k in range(m + 1, n + 1):
+        pmf[k] = bwd_atom[k]
     _junction(h, m, left_cp[m], left_cd[m], right_cp[m], right_re[m], pmf)
     return pmf
 

@@ -310,7 +310,8 @@ def _log_mgf(pmf, offset, h, lam):  # pragma: no cover - numba
     m = lam.shape[0]
     out = np.empty(m)
     if first > last:
-        out[:] = -math.inf
+        for i in range(m):  # a loop, not out[:] = ...: slice assignment is slow to compile
+            out[i] = -math.inf
         return out
     lo = (offset + first) * h
     hi = (offset + last) * h

@@ -1,0 +1,78 @@
+"""The first query of a fresh install: cold (empty Numba cache) and warm, in new processes.
+
+Each row runs a new Python process that imports fdp and answers one query:
+  Gaussian: fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60)
+  JL:       fdp.dpsgd(noise_multiplier=0.6, batch_size=256, dataset_size=25000, epochs=15, jl_projections=10)
+both with .get_epsilon_bounds(1e-5). "cold" uses a fresh, empty NUMBA_CACHE_DIR (what a
+fresh install sees: every kernel the query needs is compiled), "warm" the same cache
+again (the kernels are loaded). Also the time of `fdp warmup` on an empty cache.
+
+Usage:
+  python benchmarks/first_call.py [--repeats 2]
+  PYTHONPATH=/path/to/other/checkout python benchmarks/first_call.py   # the same for another version
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+QUERY = {
+    "Gaussian": "fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60)",
+    "JL (r = 10)": "fdp.dpsgd(noise_multiplier=0.6, batch_size=256, dataset_size=25000, epochs=15, jl_projections=10)",
+}
+SCRIPT = """
+import time
+t0 = time.perf_counter()
+import fdp
+t1 = time.perf_counter()
+{query}.get_epsilon_bounds(1e-5)
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t1)
+"""
+
+
+def run(query: str, cache: str) -> tuple[float, float, float]:
+    """(import, query, process wall time) in seconds."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(query=query)], capture_output=True, text=True,
+                         env={**os.environ, "NUMBA_CACHE_DIR": cache}, check=True,
+                         cwd=cache).stdout  # not this checkout's directory, which `-c` would put first
+    wall = time.perf_counter() - start
+    imp, q = (float(v) for v in out.split())
+    return imp, q, wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=2, help="cold/warm pairs per query (the median is shown)")
+    args = ap.parse_args()
+    print("| query | cache | import (s) | query (s) | process (s) |")
+    print("|---|---|---:|---:|---:|")
+    for name, query in QUERY.items():
+        rows: dict[str, list[tuple[float, float, float]]] = {"cold": [], "warm": []}
+        for _ in range(args.repeats):
+            with tempfile.TemporaryDirectory() as cache:
+                rows["cold"].append(run(query, cache))
+                rows["warm"].append(run(query, cache))
+        for kind, values in rows.items():
+            med = [sorted(v[i] for v in values)[len(values) // 2] for i in range(3)]
+            print(f"| {name} | {kind} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")
+    with tempfile.TemporaryDirectory() as cache:
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "fdp", "warmup", "--json"], capture_output=True,
+                              env={**os.environ, "NUMBA_CACHE_DIR": cache}, cwd=cache).returncode == 0
+        warmup = time.perf_counter() - start
+        if not done:  # an fdp without the command (e.g. an older checkout on PYTHONPATH)
+            print("fdp warmup: not available")
+            return
+        after = run(QUERY["JL (r = 10)"], cache)
+    print(f"fdp warmup on an empty cache: {warmup:.1f} s; then the JL query's process takes {after[2]:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
