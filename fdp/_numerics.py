@@ -15,8 +15,13 @@ __all__ = ["log1mexp", "logsubexp", "log_norm_interval", "log_norm_cells", "norm
 def log1mexp(a: np.ndarray) -> np.ndarray:
     """log(1 - exp(a)) for a <= 0, accurate on the whole range (Maechler 2012)."""
     a = np.asarray(a, dtype=np.float64)
+    out = np.empty_like(a)
+    near = a > -0.6931471805599453  # each branch only where it is used
+    far = ~near
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(a > -0.6931471805599453, np.log(-np.expm1(a)), np.log1p(-np.exp(a)))
+        out[near] = np.log(-np.expm1(a[near]))
+        out[far] = np.log1p(-np.exp(a[far]))
+    return out
 
 
 def logsubexp(a: np.ndarray, b: np.ndarray) -> np.ndarray:

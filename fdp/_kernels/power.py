@@ -21,6 +21,8 @@ def complex_power_inplace(values, n):  # pragma: no cover - numba
     """values[i] <- values[i] ** n for an integer n >= 1, by repeated squaring."""
     for i in range(values.shape[0]):
         x = values[i]
+        if x == 0.0:  # flushed by the caller: 0 ** n
+            continue
         result = 1.0 + 0.0j
         k = n
         while k > 0:

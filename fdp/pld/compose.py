@@ -36,9 +36,11 @@ import numpy as np
 import scipy.fft
 import scipy.special
 
+from fdp._kernels.low_dft import low_frequency_dft
 from fdp._kernels.power import complex_power
 from fdp.pld.pmf import DiscretePLD
-from fdp.pld.roundoff import U, composition_l2_error, delta_error_weight, spectrum_error_terms
+from fdp.pld.roundoff import (U, composition_l2_error, delta_error_weight, direct_dft_error, fft_relative_error,
+                              spectrum_error_terms)
 
 __all__ = ["compose", "composed_window", "saddle_tilt", "MAX_FFT_POINTS"]
 
@@ -195,14 +197,23 @@ def compose(
 
     spectrum = None
     base = 0
-    ratio_sum, log_product = 0.0, 0.0
+    ratio_sum, log_product, flushed = 0.0, 0.0, False
     for q, count in inputs:
         vector = q.pmf if q.pmf.size <= n_fft else _fold(q.pmf, n_fft)
         kappa = max(kappa, (math.ceil(q.pmf.size / n_fft) - 1) * U * 2)  # folding sums
         f = scipy.fft.rfft(vector, n=n_fft)
-        ratio, log_m = spectrum_error_terms(np.abs(f), float(vector.sum()) * (1 + vector.size * U), count, n_fft)
+        l1_norm = float(vector.sum()) * (1 + vector.size * U)
+        direct = _recompute_low_frequencies(f, vector, l1_norm, count, n_fft)
+        modulus = np.abs(f)
+        ratio, log_m = spectrum_error_terms(modulus, l1_norm, count, n_fft, direct)
         ratio_sum, log_product = ratio_sum + ratio, log_product + log_m
         del ratio, log_m
+        # coefficients whose T-th power is below e^-700 are set to 0 rather than raised to
+        # it (most of them, after many steps); the bound charges them their whole modulus
+        flush = modulus < math.exp(_FLUSH_LOG / count)
+        flushed = flushed | flush
+        f[flush] = 0.0
+        del modulus, flush
         if count > 1:
             f = complex_power(f, count)  # repeated squaring, in place
         spectrum = f if spectrum is None else np.multiply(spectrum, f, out=spectrum)
@@ -216,7 +227,7 @@ def compose(
     # proven l2 error of the computed window (roundoff.py), then entries clipped to
     # [0, 1] (the exact ones lie there, so clipping never moves an entry away)
     l2_error = composition_l2_error(ratio_sum, log_product, steps, len(components), n_fft,
-                                    float(np.linalg.norm(full)) * (1 + 4 * U * math.sqrt(n_fft)))
+                                    float(np.linalg.norm(full)) * (1 + 4 * U * math.sqrt(n_fft)), flushed)
     del full, spectrum
     rel_in = math.expm1(steps * (math.log1p(kappa) - math.log1p(-kappa))) if kappa > 0 else 0.0
     common = dict(h=h, offset=w0, p_inf=p_inf, bound=side,
@@ -251,6 +262,34 @@ def compose(
 #: Tail mass of the tilted law left outside a tilted window (charged, times
 #: e^{L - theta eps}, i.e. ~1e-11 of delta).
 _TILTED_TAIL = 1e-13
+
+
+#: log of the smallest T-th power of a coefficient's modulus that is computed (below: 0).
+_FLUSH_LOG = -700.0
+
+#: The low frequencies are recomputed directly while their m^T exceeds e^-12 (those with
+#: m^T below carry < 1e-5 of the bound), within a budget of multiply-adds per component.
+_DIRECT_LOG_CUTOFF = -12.0
+_DIRECT_BUDGET = 2_000_000
+
+
+def _recompute_low_frequencies(spectrum: np.ndarray, vector: np.ndarray, l1_norm: float, count: int,
+                               n_fft: int) -> tuple[int, float]:
+    """Overwrite the lowest coefficients of ``spectrum`` (the rfft of ``vector``) with
+    direct, more accurate sums where T times the FFT's error would dominate the
+    round-off bound. Returns (K, e_direct) for :func:`spectrum_error_terms`: the first
+    K coefficients are within e_direct each (soundness does not depend on K)."""
+    beta = fft_relative_error(n_fft)
+    if count * beta < 1e-12:  # the FFT's own error is already negligible after T steps
+        return 0, 0.0
+    e_fft = beta * (1 + beta) * l1_norm
+    with np.errstate(divide="ignore"):
+        keep = count * np.log(np.abs(spectrum) + e_fft) >= _DIRECT_LOG_CUTOFF
+    below = np.flatnonzero(~keep)
+    k = int(below[0]) if below.size else spectrum.size
+    k = min(k, max(_DIRECT_BUDGET // max(vector.size, 1), 1), spectrum.size)
+    spectrum[:k] = low_frequency_dft(vector, n_fft, k - 1)
+    return k, direct_dft_error(l1_norm, vector.size)
 
 
 def _single_step(pld: DiscretePLD, side: int) -> DiscretePLD:

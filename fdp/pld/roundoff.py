@@ -25,6 +25,11 @@ levels with a butterfly error below 2.4x a radix-2 one, so we take C_FFT = 16.
 Step by step, with e_c = beta (1 + beta) ||q_c||_1 from (2) and m_c,k = |a~_c,k| + e_c
 (a bound on both the exact |a_c,k| and the computed |a~_c,k|):
 
+* the lowest coefficients, the only ones with m^T not negligible after many steps, are
+  recomputed directly (:func:`fdp._kernels.low_dft.low_frequency_dft`), each within
+  e_c,k = :func:`direct_dft_error` ~ 7u ||q_c||_1 instead of beta ||q_c||_1 (272u at
+  n = 10^5); the steps below hold with e_c,k in place of e_c;
+
 * power by repeated squaring: |a~^T - a^T| <= T e_c m^(T-1); the squarings and
   products themselves add a relative error <= pi = (1 + 4u)^(2 sum T + C) - 1 (each
   complex product errs by <= 4u, and a squaring doubles the error carried in);
@@ -44,7 +49,8 @@ import math
 
 import numpy as np
 
-__all__ = ["U", "fft_relative_error", "spectrum_error_terms", "composition_l2_error", "delta_error_weight"]
+__all__ = ["U", "fft_relative_error", "direct_dft_error", "spectrum_error_terms", "composition_l2_error",
+           "delta_error_weight"]
 
 #: Unit round-off of float64.
 U = 2.0**-53
@@ -60,19 +66,45 @@ def fft_relative_error(n: int) -> float:
     return C_FFT * U * max(math.ceil(math.log2(max(n, 2))), 1)
 
 
-def spectrum_error_terms(abs_spectrum: np.ndarray, l1_norm: float, count: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+#: Error of libm's cos and sin, in units of u, charged for a result in [-1, 1] (glibc and
+#: Apple's libm document < 1 ulp, i.e. < 2u below 1 in magnitude; charged as 2u).
+C_TRIG = 2.0
+
+
+def direct_dft_error(l1_norm: float, points: int) -> float:
+    """Bound on |a~_k - a_k| for a coefficient of :func:`fdp._kernels.low_dft.low_frequency_dft`.
+
+    Each twiddle factor is within e_tw = (C_TRIG + 1) u + 1e-28 of cos/sin(2 pi r / n)
+    (the angle is a double-double; one rounding of the correction). The real part sums
+    p_j = fl(v_j c~_j): |p_j - v_j c_j| <= v_j (e_tw + u (1 + e_tw)), and the compensated
+    sum of N terms is within u |s| + gamma_{N-1}^2 sum |p_j| of s = sum p_j (Ogita, Rump
+    and Oishi 2005, Prop. 4.5: Neumaier's loop is their Sum2), |s| <= sum |p_j| <=
+    (1 + u)(1 + e_tw) ||v||_1. Likewise the imaginary part; the modulus of the complex
+    error is at most sqrt 2 times the larger.
+    """
+    e_tw = (C_TRIG + 1.0) * U + 1e-28
+    gamma = (points * U) / (1.0 - points * U)
+    per_part = e_tw + U * (1 + e_tw) + (U + gamma * gamma) * (1 + U) * (1 + e_tw)
+    return math.sqrt(2.0) * per_part * l1_norm * (1 + 1e-6)
+
+
+def spectrum_error_terms(abs_spectrum: np.ndarray, l1_norm: float, count: int, n: int,
+                         direct: tuple[int, float] = (0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
     """One component's share of the spectral bound: (T e / m, T log m) per coefficient.
 
     ``abs_spectrum`` is |a~_k| of the computed half spectrum (rfft) of q_c, before the power.
+    ``direct`` = (K, e_direct): the first K coefficients were computed directly, each
+    within e_direct (:func:`direct_dft_error`); the others by the FFT, within e of (2).
     """
-    e = fft_relative_error(n) * (1 + fft_relative_error(n)) * l1_norm
+    e = np.full(abs_spectrum.shape, fft_relative_error(n) * (1 + fft_relative_error(n)) * l1_norm)
+    e[:direct[0]] = direct[1]
     m = abs_spectrum + e
     with np.errstate(divide="ignore"):
         return count * e / m, count * np.log(m)
 
 
 def composition_l2_error(ratio_sum: np.ndarray, log_product: np.ndarray, steps: int, factors: int,
-                         n: int, result_l2: float) -> float:
+                         n: int, result_l2: float, flushed: np.ndarray | bool = False) -> float:
     """Upper bound on ||x~ - x||_2 for the computed convolution (1).
 
     Args:
@@ -82,20 +114,27 @@ def composition_l2_error(ratio_sum: np.ndarray, log_product: np.ndarray, steps: 
       factors: C, the number of components.
       n: FFT length.
       result_l2: ||x~||_2 of the computed result (before any clipping).
+      flushed: where the computed coefficient was set to 0 instead of computed; its
+        error is then |B_k| <= prod_c m_c,k^T_c.
     """
     beta = fft_relative_error(n)
     pi = math.expm1((2 * steps + factors) * math.log1p(C_MUL * U))
-    log_terms = np.log(ratio_sum + pi) + log_product
-    # full spectrum: each rfft coefficient but the first (and the Nyquist one) twice
-    weights = np.full(log_terms.shape, 2.0)
-    weights[0] = 1.0
-    if n % 2 == 0:
-        weights[-1] = 1.0
-    top = float(np.max(log_terms))
+    # full spectrum: each rfft coefficient but the first (and the Nyquist one) counts twice
+    flushed = np.broadcast_to(np.asarray(flushed, dtype=bool), np.shape(log_product))
+    live = np.flatnonzero(~flushed)
+    log_terms = np.log(np.take(ratio_sum, live) + pi) + np.take(log_product, live)
+    # the flushed ones all together: at most (their number) x their largest |B_k|^2
+    flushed_count = log_product.size - live.size
+    log_flushed = (float(np.max(log_product, where=flushed, initial=-math.inf)) + 0.5 * math.log(flushed_count)
+                   if flushed_count else -math.inf)
+    top = max(float(np.max(log_terms, initial=-math.inf)), log_flushed)
     if not math.isfinite(top):
         spectral = 0.0 if top == -math.inf else math.inf
     else:
-        spectral = math.exp(top) * math.sqrt(float(np.sum(weights * np.exp(2.0 * (log_terms - top)))))
+        once = (live == 0) | ((live == log_product.size - 1) & (n % 2 == 0))
+        weights = np.where(once, 1.0, 2.0)
+        total = float(np.sum(weights * np.exp(2.0 * (log_terms - top)))) + 2.0 * math.exp(2.0 * (log_flushed - top))
+        spectral = math.exp(top) * math.sqrt(total)
     bound = beta * result_l2 / (1 - beta) + spectral / math.sqrt(n)
     return bound * (1 + 1e-6)  # the few roundings of this very computation
 
