@@ -21,10 +21,13 @@ rate; "lo"/"hi" of a point are log Phi(s) and log Phi(-s).
 
 from __future__ import annotations
 
+import functools
 import math
+from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 __all__ = ["log_ndtr_pair", "mixture_cells"]
 
@@ -322,36 +325,45 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta
             u_cell[b - 1] += w * right * emh
 
 
-@njit(cache=True, parallel=True)
-def mixture_cells(offset, h, n, mus, ws, bases, eta, w_max, p, remove, pessimistic, x_cut):  # pragma: no cover
+@njit(cache=True, nogil=True)
+def _mixture_chunk(offset, h, n, mus, ws, bases, eta, w_max, p, remove, pessimistic, x_cut, first, stride,
+                   acc_p, acc_u, acc_t):  # pragma: no cover - numba
+    """Components first, first + stride, ... of :func:`mixture_cells`, added into the accumulators."""
+    for j in range(first, mus.shape[0], stride):
+        if ws[j] > 0.0:
+            _one_component(offset, h, n, mus[j], ws[j], p, remove, pessimistic, x_cut, bases[j], eta, w_max,
+                           acc_p, acc_u, acc_t)
+
+
+def mixture_cells(offset, h, n, mus, ws, bases, eta, w_max, p, remove, pessimistic, x_cut):
     """sum_j ws[j] * cells(mus[j]) on the grid (offset + k) h, k = 0..n.
 
     Component j is evaluated on blocks of width <= eta * max(bases[j], |ell|) and
     <= ~w_max (see :func:`_one_component`).
 
     Returns (p_cell, u_cell, tails) with tails = (p_left, d_left, p_right,
-    u_right, p_inf). Components are split over threads, each with its own
-    accumulator, then summed (no races).
+    u_right, p_inf). The components are dealt out to threads (Numba releases the
+    GIL), each with its own accumulator, then summed: no races. (Threads rather
+    than ``prange``: a parallel Numba kernel takes seconds longer to compile, which
+    a first query on a fresh install pays.)
     """
-    k_total = mus.shape[0]
-    nthreads = min(max(1, k_total), 64)
-    chunks = min(nthreads, 8)
+    chunks = max(1, min(numba.get_num_threads(), mus.shape[0], 8))
     acc_p = np.zeros((chunks, n))
     acc_u = np.zeros((chunks, n))
     acc_t = np.zeros((chunks, 5))
-    for c in prange(chunks):
-        for j in range(c, k_total, chunks):
-            if ws[j] > 0.0:
-                _one_component(offset, h, n, mus[j], ws[j], p, remove, pessimistic, x_cut, bases[j], eta, w_max,
-                               acc_p[c], acc_u[c], acc_t[c])
-    # explicit sums over the chunks: sum(axis=0) costs seconds of numba compilation
-    p_cell = np.zeros(n)
-    u_cell = np.zeros(n)
-    tails = np.zeros(5)
-    for c in range(chunks):
-        for k in range(n):
-            p_cell[k] += acc_p[c, k]
-            u_cell[k] += acc_u[c, k]
-        for k in range(5):
-            tails[k] += acc_t[c, k]
-    return p_cell, u_cell, tails
+    args = (np.int64(offset), float(h), np.int64(n), mus, ws, bases, float(eta), float(w_max), float(p),
+            bool(remove), bool(pessimistic), float(x_cut))
+
+    def run(c: int) -> None:
+        _mixture_chunk(*args, np.int64(c), np.int64(chunks), acc_p[c], acc_u[c], acc_t[c])
+
+    if chunks == 1:
+        run(0)
+    else:
+        list(_pool(chunks).map(run, range(chunks)))
+    return acc_p.sum(axis=0), acc_u.sum(axis=0), acc_t.sum(axis=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fdp-cells")

@@ -181,7 +181,7 @@ def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma
         right_lost[k - 1] = lost
         right_cp[k - 1] = rp
         right_re[k - 1] = re
-    best = 0
+    best = n - n  # not the literal 0: numba would compile _junction for Literal[int](0) as well
     best_cost = math.inf
     for m in range(n + 1):
         cost = left_lost[m] + right_lost[m]
