@@ -305,13 +305,14 @@ def _bracket_step(x: float | None, x_end: float, direction: float, factor: float
 def _shrink_probe(x: float | None, lo: float, hi: float, tol: float) -> float | None:
     """The next probe inside (lo, hi): the interpolated crossing ``x`` (eps ~ 1/sigma makes
     it nearly exact), moved by tol/4 towards the end further from it, so that this probe
-    or the next closes the bracket, and kept 5 % of the bracket clear of its ends. None
-    (bisect) without a crossing."""
+    or the next closes the bracket, and kept min(5 % of the bracket, tol/4) clear of its
+    ends (a crossing next to an end is probed there, not 5 % inside: that cost a probe).
+    None (bisect) without a crossing."""
     if x is None:
         return None
     x_lo, x_hi = math.log(lo), math.log(hi)
     x += 0.25 * tol if x_hi - x > x - x_lo else -0.25 * tol
-    margin = 0.05 * (x_hi - x_lo)
+    margin = min(0.05 * (x_hi - x_lo), 0.25 * tol)
     return math.exp(min(max(x, x_lo + margin), x_hi - margin))
 
 
