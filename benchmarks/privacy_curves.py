@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import fdp
-from fdp._progress import Progress
+from tqdm import tqdm
 
 SIGMA = 0.6
 BATCH = 256
@@ -40,9 +40,10 @@ def mechanisms() -> dict[str, fdp.Mechanism]:
     return out
 
 
-def curve(mech: fdp.Mechanism, epochs: int) -> list[tuple[float, float]]:
+def curve(mech: fdp.Mechanism, epochs: int, progress=None) -> list[tuple[float, float]]:
     """[(lower, upper) epsilon at DELTA for e = 1..epochs] (:func:`fdp.epsilon_curve`)."""
-    return fdp.epsilon_curve(mech, [e * STEPS_PER_EPOCH for e in range(1, epochs + 1)], DELTA)
+    return fdp.epsilon_curve(mech, [e * STEPS_PER_EPOCH for e in range(1, epochs + 1)], DELTA,
+                             progress=progress)
 
 
 def main() -> None:
@@ -50,18 +51,18 @@ def main() -> None:
     ap.add_argument("--png", help="write the figure (matplotlib, Agg) to this path")
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--check", action="store_true", help="also time one PLDAccountant query")
-    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     results, timings = {}, {}
-    bar = Progress("privacy_curves", not args.quiet)
-    for name, mech in mechanisms().items():
-        bar.update(f"computing {name}")
-        t1 = time.perf_counter()
-        results[name] = curve(mech, args.epochs)
-        timings[name] = time.perf_counter() - t1
-    bar.close("done")
+    mechs = mechanisms()
+    with tqdm(total=len(mechs) * args.epochs, desc="privacy_curves", unit="epoch", disable=args.quiet) as bar:
+        for name, mech in mechs.items():
+            bar.set_postfix_str(name)
+            t1 = time.perf_counter()
+            results[name] = curve(mech, args.epochs, progress=bar.update)
+            timings[name] = time.perf_counter() - t1
     total = time.perf_counter() - t0
 
     names = list(results)

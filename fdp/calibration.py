@@ -55,13 +55,13 @@ sigma = noise multiplier (noise std / sensitivity), mu = 1/sigma per step.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from fdp._progress import Progress
 from fdp._validation import check_integer, check_real, check_sampling_rate, format_value
 from fdp.accountant import MAX_STEPS, PLDAccountant
 from fdp.mechanisms.base import Mechanism
@@ -125,9 +125,10 @@ def calibrate_noise_multiplier(
       tolerance: relative tolerance on sigma in [1e-9, 0.5]: the result hi
         and the largest sigma found to miss the target, lo, satisfy
         hi <= lo (1 + tolerance).
-      progress: write one line per probed sigma to stderr (the bracket so far and
-        the certified epsilon there); each probe runs an accountant, a fraction of
-        a second for the Gaussian, ~0.5 s for ``fdp.JL`` at r >= 10, seconds at small r.
+      progress: show a tqdm counter of accountant runs on stderr, updated at every
+        probed sigma with the bracket so far and the certified epsilon there; each
+        probe runs an accountant, a fraction of a second for the Gaussian, ~0.5 s
+        for ``fdp.JL`` at r >= 10, about a second at r = 5.
 
     Returns:
       sigma (float) in [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER] at which
@@ -158,7 +159,10 @@ def calibrate_noise_multiplier(
 
     cache: dict[float, float] = {}
     failures: dict[float, str] = {}  # sigma -> why the accountant could not certify it
-    bar = Progress("calibrate_noise_multiplier", progress)
+    from tqdm import tqdm  # a dependency; imported here, not with fdp
+
+    bar = tqdm(desc="calibrate_noise_multiplier", unit="run", disable=not progress, file=sys.stderr,
+               mininterval=0.0, miniters=1)
     bracket = [0.0, math.inf]  # largest sigma seen to miss, smallest seen to meet
 
     def eps_up(sigma: float) -> float:
@@ -185,8 +189,9 @@ def calibrate_noise_multiplier(
                 bracket[1] = min(bracket[1], sigma)
             else:
                 bracket[0] = max(bracket[0], sigma)
-            bar.update(f"{len(cache)} evaluations, sigma in [{bracket[0]:.6g}, {bracket[1]:.6g}], "
-                       f"eps({sigma:.6g}) = {cache[sigma]:.6g}")
+            bar.set_postfix_str(f"sigma in [{bracket[0]:.6g}, {bracket[1]:.6g}], "
+                                f"eps({sigma:.6g}) = {cache[sigma]:.6g}", refresh=False)
+            bar.update(1)
         return cache[sigma]
 
     def meets(sigma: float) -> bool:

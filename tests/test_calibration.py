@@ -5,6 +5,7 @@ and bad input raises a ValueError naming the argument."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -162,12 +163,25 @@ def test_arguments_are_keyword_only():
 
 
 def test_progress_reports_each_probe_on_stderr(capsys):
-    sigma = fdp.calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=500,
-                                           sampling_rate=0.02, progress=True)
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("calibrate_noise_multiplier:")]
-    assert len(lines) >= 3  # bracketing and bisection: one line per accountant run
-    assert "1 evaluations" in lines[0] and f"{len(lines)} evaluations" in lines[-1]
-    lo, hi = (float(v) for v in lines[-1].split("sigma in [")[1].split("]")[0].split(", "))
+    runs = []
+    original = fdp.PLDAccountant.get_epsilon
+
+    def counting(self, delta):
+        runs.append(delta)
+        return original(self, delta)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fdp.PLDAccountant, "get_epsilon", counting)
+        sigma = fdp.calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=500,
+                                               sampling_rate=0.02, progress=True)
+    # a tqdm counter: one refresh per accountant run, each with the bracket so far
+    err = capsys.readouterr().err
+    pattern = re.compile(r"calibrate_noise_multiplier: (\d+)run.*sigma in \[([^,]+), ([^\]]+)\]")
+    shown = [m.groups() for m in map(pattern.search, re.split(r"[\r\n]", err)) if m]
+    counts = [int(n) for n, _, _ in shown]
+    assert sorted(set(counts)) == counts[:len(set(counts))] == list(range(1, len(runs) + 1))
+    assert len(runs) >= 3  # bracketing and shrinking: one update per accountant run
+    lo, hi = float(shown[-1][1]), float(shown[-1][2])
     assert lo < sigma == pytest.approx(hi, rel=1e-5)
     fdp.calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=500, sampling_rate=0.02)
     assert capsys.readouterr().err == ""  # silent by default

@@ -5,10 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytest.importorskip("matplotlib")
 
 
 def _figures_module():

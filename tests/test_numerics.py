@@ -59,32 +59,3 @@ def test_log_mgf_is_a_tight_upper_bound(lam):
     got = float(pld.log_mgf(np.array([lam]))[0])
     assert got >= float(exact) - 1e-15 * abs(float(exact))
     assert got - float(exact) < 1e-9
-
-
-class _Terminal:
-    def __init__(self) -> None:
-        self.text = ""
-
-    def isatty(self) -> bool:
-        return True
-
-    def write(self, s: str) -> None:
-        self.text += s
-
-    def flush(self) -> None:
-        pass
-
-
-def test_progress_rewrites_one_line_on_a_terminal():
-    from fdp._progress import Progress
-
-    term = _Terminal()
-    bar = Progress("job", True, stream=term)
-    bar.update("step 1")
-    bar.update("step 2")
-    bar.close("done")
-    assert term.text.count("\r\033[K") == 3 and term.text.endswith("\n") and term.text.count("\n") == 1
-    assert "job: done" in term.text
-    quiet = _Terminal()
-    Progress("job", False, stream=quiet).update("x")
-    assert quiet.text == ""

@@ -13,7 +13,7 @@ def test_two_epochs_of_the_seed_figure():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--epochs", "2"], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "privacy_curves: done" in proc.stderr  # progress lines
+    assert "privacy_curves: 100%" in proc.stderr and "10/10" in proc.stderr  # the tqdm bar, finished
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(rows) == 2
     cells = [[tuple(float(v) for v in c.strip().split("-", 1)) for c in row.split("|")[2:-1]] for row in rows]
