@@ -4,6 +4,7 @@ and bad input raises a ValueError naming the argument."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 
@@ -162,8 +163,10 @@ def test_arguments_are_keyword_only():
         fdp.calibrate_noise_multiplier(1.0, DELTA, 10, 0.5)  # type: ignore[misc]
 
 
-def test_progress_reports_each_probe_on_stderr(capsys):
-    runs = []
+@contextlib.contextmanager
+def _counting_runs():
+    """Records one entry per accountant run (``PLDAccountant.get_epsilon`` call)."""
+    runs: list[float] = []
     original = fdp.PLDAccountant.get_epsilon
 
     def counting(self, delta):
@@ -172,6 +175,11 @@ def test_progress_reports_each_probe_on_stderr(capsys):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fdp.PLDAccountant, "get_epsilon", counting)
+        yield runs
+
+
+def test_progress_reports_each_probe_on_stderr(capsys):
+    with _counting_runs() as runs:
         sigma = fdp.calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, steps=500,
                                                sampling_rate=0.02, progress=True)
     # a tqdm counter: one refresh per accountant run, each with the bracket so far
@@ -305,15 +313,7 @@ def test_a_crossing_next_to_a_bracket_end_is_probed_there():
     """JL r = 5 at the seed's setting, target 20: the third probe misses by 0.4 % and the
     interpolated crossing lies 0.17 % above it, inside the 5 % margin the search used to
     keep from the bracket's ends; probing 5 % in cost a sixth accountant run. Now five."""
-    runs = []
-    original = fdp.PLDAccountant.get_epsilon
-
-    def counting(self, delta):
-        runs.append(delta)
-        return original(self, delta)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fdp.PLDAccountant, "get_epsilon", counting)
+    with _counting_runs() as runs:
         sigma = fdp.calibrate_noise_multiplier(target_epsilon=20.0, delta=1e-5, steps=1465,
                                                sampling_rate=256 / 25000, mechanism="jl", jl_projections=5)
     assert len(runs) <= 5
