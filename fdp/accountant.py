@@ -39,6 +39,7 @@ from fdp.pld.plan import GridPlan, composed_sd, grid_plan
 from fdp.pld.pmf import DiscretePLD
 from fdp.pld.queries import (
     check_certifiable_delta,
+    may_exceed,
     reported,
     round_off_matters,
     round_off_moves_epsilon,
@@ -271,6 +272,8 @@ class PLDAccountant:
             tilts = {k: self._tilt(k, epsilon, tail) for k in self._directions()}
             lo2, hi2, _ = self._delta_pass(epsilon, rtol, tilts, tail)
             lo, hi = max(lo, lo2), min(hi, hi2)  # both passes give valid bounds
+        if hi == 0.0 and any(may_exceed(self._parts(d, True, 1e-15, 0), epsilon) for d in self._directions()):
+            hi = math.ulp(0.0)  # delta > 0 but below float64's range: the least positive float bounds it
         return lo, hi
 
     def _delta_pass(self, epsilon: float, rtol: float, tilts: dict, tail: float) -> tuple:

@@ -337,7 +337,8 @@ def test_from_distributions_equals_rr(p):
     a = fdp.PLDAccountant().compose(rr, 12)
     b = fdp.PLDAccountant().compose(fd, 12)
     for delta in (1e-3, 1e-7):
-        assert b.get_epsilon_bounds(delta) == pytest.approx(a.get_epsilon_bounds(delta), rel=1e-12, abs=1e-14)
+        # the same PLD up to a few ulps in its masses; the FFT path turns that into ~1e-12 of eps
+        assert b.get_epsilon_bounds(delta) == pytest.approx(a.get_epsilon_bounds(delta), rel=1e-10, abs=1e-14)
 
 
 def test_from_distributions_single_step_and_infinite_loss():

@@ -114,6 +114,19 @@ def rr_delta(epsilon: float, rr_epsilon: float, steps: int) -> mpmath.mpf:
     return total
 
 
+@pytest.mark.parametrize("epsilon, positive", [(30.0, True), (49.0, True), (60.0, False)])
+def test_a_delta_below_float64_range_is_bounded_by_the_least_positive_float(epsilon, positive):
+    """Randomized response (eps_0 = 0.01) composed 5,000 times: delta(30) ~ 1e-410 and
+    delta(49) > 0 are positive but not float64 numbers; the upper bound used to come out
+    0.0, below the truth. Above the largest loss (50) delta is exactly 0, and so is the bound."""
+    acc = fdp.PLDAccountant().compose(fdp.RandomizedResponse(epsilon=0.01), steps=5000)
+    truth = rr_delta(epsilon, 0.01, 5000)
+    lo, hi = acc.get_delta_bounds(epsilon)
+    assert (truth > 0) == positive
+    assert lo <= truth <= hi
+    assert hi == (math.ulp(0.0) if positive else 0.0)
+
+
 @pytest.mark.parametrize("rr_epsilon, steps", [(0.5, 400), (0.1, 3000)])
 @pytest.mark.parametrize("epsilon_factor", [0.3, 0.5, 0.7])
 def test_composed_randomized_response_brackets_exact_enumeration(rr_epsilon, steps, epsilon_factor):

@@ -14,6 +14,7 @@ from fdp.pld.pmf import DiscretePLD
 
 __all__ = [
     "EPSILON_ATOL",
+    "may_exceed",
     "MIN_DELTA",
     "check_certifiable_delta",
     "reported",
@@ -69,6 +70,21 @@ def round_off_matters(sides: list[DiscretePLD], delta: float, rtol: float, lo: f
         elif float(pld.charge(np.array([hi if pld.bound > 0 else lo]))[0]) > limit:
             return True
     return False
+
+
+def may_exceed(parts: list, epsilon: float) -> bool:
+    """False only when the composition of ``parts`` ((pessimistic single-step PLD, count)
+    pairs) certainly has no loss above ``epsilon``, i.e. delta(epsilon) = 0 exactly: no atom
+    at +inf, and sum_c T_c (the top loss of step c) <= epsilon. A pessimistic step's top
+    grid loss is at or above its true largest loss (mass is only ever moved up)."""
+    top = 0.0
+    for pld, count in parts:
+        if pld.p_inf > 0.0:
+            return True
+        support = np.flatnonzero(pld.pmf > 0.0)
+        if support.size:
+            top += count * ((pld.offset + int(support[-1]) + 1) * pld.h)  # one cell of slack for rounding
+    return top > epsilon
 
 
 def check_certifiable_delta(delta: float) -> float:
