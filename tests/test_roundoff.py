@@ -229,6 +229,24 @@ def test_direct_low_frequencies_are_within_their_bound(n, size, kind):
     assert bound <= 8 * U  # 40x below the FFT's bound at n = 10^5 (272 u)
 
 
+def test_direct_low_frequencies_of_subnormal_vectors_and_bad_k_max():
+    """Subnormal products round absolutely, not relatively: the bound charges that (a
+    vector of 1.5e-323 entries came out -5e-324 against a bound of 0). k_max >= n would
+    read past the twiddle table: refused."""
+    from fdp._kernels.low_dft import low_frequency_dft
+    from fdp.pld.roundoff import U, direct_dft_error
+
+    values = np.full(7, 1.5e-323)
+    got = low_frequency_dft(values, 7, 3)
+    bound = direct_dft_error(float(values.sum()) * (1 + 7 * U), 7)
+    for k in range(4):
+        exact = mpmath.fsum(mpmath.mpf(float(v)) * mpmath.expj(-2 * mpmath.pi * j * k / 7) for j, v in enumerate(values))
+        assert abs(exact - got[k]) <= bound
+    for k_max in (7, 8, -1):
+        with pytest.raises(ValueError, match="k_max"):
+            low_frequency_dft(values, 7, k_max)
+
+
 def test_many_steps_need_no_tilted_pass_at_delta_1e6():
     """The fourth DESIGN setting (p = 0.001, sigma = 1, T = 10^5, delta = 1e-6). With the FFT's
     error bound on every coefficient the round-off charge was ~6e-9 on delta, moving epsilon

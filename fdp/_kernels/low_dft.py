@@ -122,5 +122,7 @@ def low_frequency_dft(values: np.ndarray, n: int, k_max: int) -> np.ndarray:
     """
     if values.size > n:
         raise ValueError(f"values has {values.size} entries, more than n={n}: fold it first")
+    if not 0 <= k_max < n:
+        raise ValueError(f"k_max must be in [0, n={n}); got {k_max}")
     cos_t, sin_t = twiddles(int(n))
     return _low_dft(np.ascontiguousarray(values, dtype=np.float64), cos_t, sin_t, np.int64(k_max))

@@ -288,7 +288,8 @@ def _recompute_low_frequencies(spectrum: np.ndarray, vector: np.ndarray, l1_norm
     below = np.flatnonzero(~keep)
     k = int(below[0]) if below.size else spectrum.size
     k = min(k, max(_DIRECT_BUDGET // max(vector.size, 1), 1), spectrum.size)
-    spectrum[:k] = low_frequency_dft(vector, n_fft, k - 1)
+    if k > 0:
+        spectrum[:k] = low_frequency_dft(vector, n_fft, k - 1)
     return k, direct_dft_error(l1_norm, vector.size)
 
 

@@ -34,6 +34,8 @@ Step by step, with e_c = beta (1 + beta) ||q_c||_1 from (2) and m_c,k = |a~_c,k|
   products themselves add a relative error <= pi = (1 + 4u)^(2 sum T + C) - 1 (each
   complex product errs by <= 4u, and a squaring doubles the error carried in);
 * product over the C components: |B~_k - B_k| <= (sum_c T_c e_c / m_c,k + pi) prod_c m_c,k^T_c;
+* a product in the subnormal range errs absolutely, by <= 2^-1074 per rounding: a few
+  times 2^-1074 (2 log2 T + C) per coefficient is added (far below everything else);
 * inverse, by (3) and Parseval: ||x~ - x||_2 <= beta ||x~||_2 / (1 - beta) + ||B~ - B||_2 / sqrt n.
 
 The sum over k runs over the full (Hermitian) spectrum, in log space. Where |a_c,k| is
@@ -56,6 +58,8 @@ __all__ = ["U", "fft_relative_error", "direct_dft_error", "spectrum_error_terms"
 U = 2.0**-53
 #: C_FFT of (2): 2.4x Higham's radix-2 constant, for pocketfft's radix-3/5 passes.
 C_FFT = 16.0
+#: The least positive float64 (2^-1074): an absolute error bound per rounding in the subnormal range.
+_TINY = math.ulp(0.0)
 #: Largest relative error of one complex product (Brent, Percival, Zimmermann
 #: 2007: sqrt(5) u without FMA, 2u with; rounded up).
 C_MUL = 4.0
@@ -80,12 +84,14 @@ def direct_dft_error(l1_norm: float, points: int) -> float:
     sum of N terms is within u |s| + gamma_{N-1}^2 sum |p_j| of s = sum p_j (Ogita, Rump
     and Oishi 2005, Prop. 4.5: Neumaier's loop is their Sum2), |s| <= sum |p_j| <=
     (1 + u)(1 + e_tw) ||v||_1. Likewise the imaginary part; the modulus of the complex
-    error is at most sqrt 2 times the larger.
+    error is at most sqrt 2 times the larger. Those relative bounds fail where a product
+    or a sum is subnormal: each of the 2N roundings then errs by at most 2^-1075
+    absolutely, charged as 2N * 2^-1074 per part.
     """
     e_tw = (C_TRIG + 1.0) * U + 1e-28
     gamma = (points * U) / (1.0 - points * U)
     per_part = e_tw + U * (1 + e_tw) + (U + gamma * gamma) * (1 + U) * (1 + e_tw)
-    return math.sqrt(2.0) * per_part * l1_norm * (1 + 1e-6)
+    return math.sqrt(2.0) * (per_part * l1_norm + 2 * points * _TINY) * (1 + 1e-6)
 
 
 def spectrum_error_terms(abs_spectrum: np.ndarray, l1_norm: float, count: int, n: int,
@@ -135,7 +141,12 @@ def composition_l2_error(ratio_sum: np.ndarray, log_product: np.ndarray, steps: 
         weights = np.where(once, 1.0, 2.0)
         total = float(np.sum(weights * np.exp(2.0 * (log_terms - top)))) + 2.0 * math.exp(2.0 * (log_flushed - top))
         spectral = math.exp(top) * math.sqrt(total)
-    bound = beta * result_l2 / (1 - beta) + spectral / math.sqrt(n)
+    # a product (of the squarings, or across components) that falls into the subnormal range
+    # errs absolutely, by <= 2^-1074 per real rounding: ~4 per complex product, at most
+    # 2 log2(T) + 2 products per component and C - 1 across them, per coefficient
+    # (doubled: the later products, of moduli <= 1 + e, carry such an error on at most ~unchanged)
+    underflow = 8.0 * _TINY * (factors * (2.0 * math.log2(max(steps, 2)) + 2.0) + factors)
+    bound = beta * result_l2 / (1 - beta) + spectral / math.sqrt(n) + underflow
     return bound * (1 + 1e-6)  # the few roundings of this very computation
 
 
