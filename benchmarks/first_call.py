@@ -47,9 +47,34 @@ def run(query: str, cache: str) -> tuple[float, float, float]:
     return imp, q, wall
 
 
+KERNELS = """
+from numba.core import event
+import fdp
+with event.install_recorder("numba:compile") as rec:
+    {query}.get_epsilon_bounds(1e-5)
+start, spent = {{}}, {{}}
+for ts, ev in rec.buffer:  # nested compiles (callees) are inside their caller's time
+    key = ev.data["dispatcher"].py_func.__qualname__
+    if ev.is_start:
+        start[key] = ts
+    else:
+        spent[key] = spent.get(key, 0.0) + ts - start.pop(key)
+for key, sec in sorted(spent.items(), key=lambda kv: -kv[1])[:8]:
+    print(f"{{sec:.2f}} {{key}}")
+"""
+
+
+def kernels(query: str) -> str:
+    """Numba compile time per kernel of a cold query (numba.core.event), largest first."""
+    with tempfile.TemporaryDirectory() as cache:
+        return subprocess.run([sys.executable, "-c", KERNELS.format(query=query)], capture_output=True, text=True,
+                              env={**os.environ, "NUMBA_CACHE_DIR": cache}, check=True, cwd=cache).stdout
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2, help="cold/warm pairs per query (the median is shown)")
+    ap.add_argument("--kernels", action="store_true", help="also: compile seconds per kernel of each cold query")
     args = ap.parse_args()
     print("| query | cache | import (s) | query (s) | process (s) |")
     print("|---|---|---:|---:|---:|")
@@ -62,6 +87,10 @@ def main() -> None:
         for kind, values in rows.items():
             med = [sorted(v[i] for v in values)[len(values) // 2] for i in range(3)]
             print(f"| {name} | {kind} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")
+    if args.kernels:
+        for name, query in QUERY.items():
+            print(f"cold {name}, compile seconds per kernel (callees included):")
+            print(kernels(query), end="")
     with tempfile.TemporaryDirectory() as cache:
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "fdp", "warmup", "--json"], capture_output=True,

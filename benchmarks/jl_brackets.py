@@ -36,8 +36,14 @@ def _clear_caches() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true", help="also time JL noise calibration")
+    ap.add_argument("--tail-cells", type=int, default=None,
+                    help="what-if: the JL Z-partition's TAIL_CELLS (default: the library's, 2000)")
     ap.add_argument("index", nargs="*", type=int, help="settings to run (default: all)")
     args = ap.parse_args()
+    if args.tail_cells is not None:
+        from fdp.mechanisms.random_sensitivity import cells as z_cells
+
+        z_cells.TAIL_CELLS = args.tail_cells
     warnings.simplefilter("ignore", UserWarning)
     fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=1.0, jl_projections=8, sampling_rate=0.1),
                                 steps=10).get_epsilon_bounds(1e-5)  # compile the kernels

@@ -52,7 +52,13 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--check", action="store_true", help="also time one PLDAccountant query")
     ap.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    ap.add_argument("--tail-cells", type=int, default=None,
+                    help="what-if: the JL Z-partition's TAIL_CELLS (default: the library's, 2000)")
     args = ap.parse_args()
+    if args.tail_cells is not None:
+        from fdp.mechanisms.random_sensitivity import cells as z_cells
+
+        z_cells.TAIL_CELLS = args.tail_cells
 
     t0 = time.perf_counter()
     results, timings = {}, {}
