@@ -37,6 +37,7 @@ from fdp.pld.compose import MAX_FFT_POINTS, compose, saddle_tilt
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
 from fdp.pld.plan import GridPlan, composed_sd, grid_plan
 from fdp.pld.pmf import DiscretePLD
+from fdp.pld.refinement import PassResult, delta_pass, epsilon_pass
 from fdp.pld.queries import (
     check_certifiable_delta,
     may_exceed,
@@ -149,22 +150,21 @@ class PLDAccountant:
 
         With two directions, remove is computed on the automatic grid (level 0)
         and add only screened, pessimistically, on a grid 4x coarser (level -2);
-        add is recomputed at level 0 only if its coarse upper bound is the larger. While the gap exceeds the tolerance, ONE side of the
-        direction that sets the upper bound is refined (grid halved): the
-        optimistic side first (the merging discretisation is the looser one), the
-        pessimistic side once the optimistic one has stopped moving; at most
-        ``max_refinements`` times each; a side whose halving moved it by less than a
-        quarter of the gap has converged in h and is not refined again. The tolerance
-        is ``epsilon_rtol * upper``. If the
-        bounds end more than 2x apart (a heavy upper tail stretched the grid, as
-        for ``fdp.JL`` with r = 1), the lower bound is recomputed on grids cut at a
-        cap (:meth:`_capped_lower`). Every value computed is a valid bound,
-        whatever its level.
+        add is recomputed at level 0 only if its coarse upper bound is the larger.
+        While the gap exceeds ``epsilon_rtol * upper``, one side of the leading
+        direction is refined (grid halved; :mod:`fdp.pld.refinement`), and each side
+        keeps the best value of all its levels: every value computed is a valid bound.
 
         The FFT's float round-off has a proven bound (:mod:`fdp.pld.roundoff`). Where
-        it is not small against delta (delta below ~1e-9), the FFTs are redone on
-        exponentially tilted PLDs aimed at the eps found (:func:`fdp.pld.compose.compose`),
-        which makes the round-off relative to delta: certified down to delta = 1e-290.
+        it moves a side's eps noticeably (delta below ~1e-9, or huge FFTs), that side's
+        FFTs are redone on exponentially tilted PLDs aimed at the eps found
+        (:func:`fdp.pld.compose.compose`), which makes the round-off relative to delta:
+        certified down to delta = 1e-290. If the bracket is still too wide and a
+        mechanism's cells are approximate (``fdp.JL``), one more pass asks them to be
+        finer where single steps reach the bracket (``focus``; docs/jl.md, "Cells at
+        the query's focus"). If the bounds end more than 2x apart (a heavy upper tail
+        stretched the grid, as for ``fdp.JL`` with r = 1), the lower bound is
+        recomputed on grids cut at a cap (:meth:`_capped_lower`).
 
         Raises:
           ValueError: delta outside [1e-290, 1).
@@ -173,56 +173,42 @@ class PLDAccountant:
         self._require_events()
         tail = tail_budget(delta)
         rtol = self.epsilon_rtol
-        tilts: dict[Direction, float] = {}
-        lo, hi, d, sides, his = self._epsilon_pass(delta, tail, rtol, tilts)
+        tilts: dict[tuple[Direction, bool], float] = {}  # per side; absent: untilted
+        result = self._epsilon_pass(delta, tail, rtol, tilts)
+        best_tilts: dict[tuple[Direction, bool], float] = {}  # the tilt of each side's best value
         for _ in range(_TILT_PASSES):
-            moving = {k for (k, _), pld in sides.items() if round_off_moves_epsilon(pld, delta, rtol, hi)}
-            if not moving:
-                break
-            # tilt those directions' FFTs towards their eps found (or a Chernoff bound on it)
-            tilts = {**tilts, **{k: self._tilt(k, his[k] if math.isfinite(his[k]) else
-                                               self._chernoff_epsilon(k, delta, tail), tail)
-                                 for k in moving}}
-            lo2, hi2, d, sides, his = self._epsilon_pass(delta, tail, rtol, tilts)
-            lo, hi = max(lo, lo2), min(hi, hi2)  # every pass gives valid bounds
+            moving = [key for key, pld in result.sides.items() if round_off_moves_epsilon(pld, delta, rtol,
+                                                                                          result.upper)]
+            # tilt those sides' FFTs towards their direction's eps found (or a Chernoff bound on it)
+            aims = {k: self._tilt(k, result.uppers[k] if math.isfinite(result.uppers[k]) else
+                                  self._chernoff_epsilon(k, delta, tail), tail) for k, _ in moving}
+            new = {key: aims[key[0]] for key in moving}
+            if all(tilts.get(key) == t for key, t in new.items()):
+                break  # nothing moves, or the same tilts again
+            tilts = {**tilts, **new}
+            # every side starts where it did best (and keeps that bound): the coarser levels were not enough
+            before = result.best
+            result = self._epsilon_pass(delta, tail, rtol, tilts, start=before)
+            best_tilts.update({key: tilts.get(key, 0.0) for key, b in result.best.items() if before.get(key) != b})
+        lo, hi = result.lower, result.upper
+        if hi - lo > rtol * hi and math.isfinite(hi) and self._focusable((lo, hi)):
+            # mechanisms with approximate cells refine them where single steps reach the answer
+            result = self._epsilon_pass(delta, tail, rtol, best_tilts, focus=(lo, hi), start=result.best)
+            lo, hi = result.lower, result.upper
         if self.grid_spacing is None and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
-            lo = max(lo, self._capped_lower(d, delta, tail, lo, hi))
+            lo = max(lo, self._capped_lower(result.leading, delta, tail, lo, hi))
         return reported(lo, hi, delta, rtol, fixed_grid=self.grid_spacing is not None)
 
-    def _epsilon_pass(self, delta: float, tail: float, rtol: float, tilts: dict) -> tuple:
-        """One refinement loop of :meth:`get_epsilon_bounds` with FFTs tilted by ``tilts``.
+    def _epsilon_pass(self, delta: float, tail: float, rtol: float, tilts: dict,
+                      focus: tuple[float, float] | None = None, start: dict | None = None) -> PassResult:
+        """One refinement loop (:func:`fdp.pld.refinement.epsilon_pass`, which carries the
+        sides of ``start`` over); the FFTs of side (direction, pessimistic) are tilted by
+        ``tilts.get(side, 0)``, the mechanisms' cells focused on ``focus``."""
+        def side(d: Direction, pessimistic: bool, level: int) -> DiscretePLD:
+            return self._side(d, pessimistic, tail, level, tilts.get((d, pessimistic), 0.0), focus)
 
-        Returns (lower, upper, leading direction, {(direction, pessimistic): side used},
-        each direction's upper)."""
-        refine = self.grid_spacing is None
-        directions = self._directions()
-        # remove first (it leads for eps >= 0 in the usual cases); the other
-        # direction is screened on a 4x coarser grid
-        level = {(d, s): (0 if i == 0 or not refine else -2) for i, d in enumerate(directions)
-                 for s in (True, False)}
-        stalled: set[tuple[Direction, bool]] = set()
-
-        def side(d: Direction, pessimistic: bool) -> DiscretePLD:
-            return self._side(d, pessimistic, tail, level[(d, pessimistic)], tilts.get(d, 0.0))
-
-        def value(d: Direction, pessimistic: bool) -> float:
-            return side(d, pessimistic).epsilon(delta)
-
-        while True:
-            his = {d: value(d, True) for d in directions}
-            # a screened direction's lower bound is not needed: the leader's is valid for the max
-            los = {d: value(d, False) for d in directions if level[(d, False)] >= 0}
-            hi, lo = max(his.values()), max(los.values())
-            gap = hi - lo
-            d = max(his, key=his.get)
-            if level[(d, True)] < 0:  # screened only: compute the leading direction properly
-                level[(d, True)] = level[(d, False)] = 0
-                continue
-            if not refine or gap <= rtol * hi or not math.isfinite(hi):
-                break
-            if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), gap):
-                break
-        return lo, hi, d, {(k, s): side(k, s) for k in directions for s in (True, False) if level[(k, s)] >= 0}, his
+        return epsilon_pass(side, self._directions(), delta, rtol, self.max_refinements,
+                            refine=self.grid_spacing is None, start=start)
 
     def _tilt(self, direction: Direction, epsilon: float, tail: float) -> float:
         """Saddle-point tilt for ``epsilon`` of one direction's composition (level 0 grid)."""
@@ -253,78 +239,42 @@ class PLDAccountant:
         """(lower, upper) bounds on the exact delta at ``epsilon`` (epsilon >= 0).
 
         Refined like :meth:`get_epsilon_bounds` (one side of the leading direction
-        at a time, the optimistic side first, at most ``max_refinements`` halvings)
+        at a time, at most ``max_refinements`` halvings, each side's best level kept)
         until the bracket is as tight as an epsilon bracket would be: the upper
         curve must come down to the lower bound ``lo`` within
         ``epsilon_rtol * max(epsilon, 1)`` of ``epsilon`` (a relative gap on delta
-        itself would ask far more where delta(eps) is steep). Every value is a valid bound. Where
-        the FFT round-off is not small against delta, the FFTs are redone tilted
-        towards ``epsilon`` (as in :meth:`get_epsilon_bounds`).
+        itself would ask far more where delta(eps) is steep). Where the FFT round-off
+        is not small against delta, the FFTs are redone tilted towards ``epsilon``;
+        where the bracket is still too wide, approximate cells are focused on
+        ``epsilon`` (as in :meth:`get_epsilon_bounds`).
         """
         epsilon = check_real("epsilon", epsilon, low=0.0)
         self._require_events()
         rtol = self.epsilon_rtol
-        lo, hi, sides = self._delta_pass(epsilon, rtol, {}, 1e-15)
-        if round_off_matters(sides, max(lo, 1e-300), rtol, epsilon, epsilon):
+        tilts: dict[tuple[Direction, bool], float] = {}
+        tail = 1e-15
+        result = self._delta_pass(epsilon, rtol, tilts, tail)
+        if round_off_matters(list(result.sides.values()), max(result.lower, 1e-300), rtol, epsilon, epsilon):
             # the round-off (or the tails) are not small against delta: tilt the FFTs
             # towards epsilon, with tails cut in proportion to delta
-            tail = min(1e-15, tail_budget(lo if lo > 0.0 else 1e-300))
-            tilts = {k: self._tilt(k, epsilon, tail) for k in self._directions()}
-            lo2, hi2, _ = self._delta_pass(epsilon, rtol, tilts, tail)
-            lo, hi = max(lo, lo2), min(hi, hi2)  # both passes give valid bounds
+            tail = min(1e-15, tail_budget(result.lower if result.lower > 0.0 else 1e-300))
+            tilts = {(k, s): self._tilt(k, epsilon, tail) for k in self._directions() for s in (True, False)}
+            result = self._delta_pass(epsilon, rtol, tilts, tail, start=result.best)
+        if not result.converged and self._focusable((epsilon, epsilon)):
+            result = self._delta_pass(epsilon, rtol, tilts, tail, focus=(epsilon, epsilon), start=result.best)
+        lo, hi = result.lower, result.upper
         if hi == 0.0 and any(may_exceed(self._parts(d, True, 1e-15, 0), epsilon) for d in self._directions()):
             hi = math.ulp(0.0)  # delta > 0 but below float64's range: the least positive float bounds it
         return lo, hi
 
-    def _delta_pass(self, epsilon: float, rtol: float, tilts: dict, tail: float) -> tuple:
-        """One refinement loop of :meth:`get_delta_bounds`: (lower, upper, the sides used)."""
-        refine = self.grid_spacing is None
-        directions = self._directions()
-        level = {(d, s): 0 for d in directions for s in (True, False)}
-        stalled: set[tuple[Direction, bool]] = set()
+    def _delta_pass(self, epsilon: float, rtol: float, tilts: dict, tail: float,
+                    focus: tuple[float, float] | None = None, start: dict | None = None) -> PassResult:
+        """One refinement loop of :meth:`get_delta_bounds` (:func:`fdp.pld.refinement.delta_pass`)."""
+        def side(d: Direction, pessimistic: bool, level: int) -> DiscretePLD:
+            return self._side(d, pessimistic, tail, level, tilts.get((d, pessimistic), 0.0), focus)
 
-        def side(d: Direction, pessimistic: bool) -> DiscretePLD:
-            return self._side(d, pessimistic, tail, level[(d, pessimistic)], tilts.get(d, 0.0))
-
-        def value(d: Direction, pessimistic: bool) -> float:
-            return float(side(d, pessimistic).delta(epsilon))
-
-        while True:
-            his = {d: value(d, True) for d in directions}
-            los = {d: value(d, False) for d in directions}
-            hi, lo = max(his.values()), max(los.values())
-            d = max(his, key=his.get)
-            sides = [side(k, s) for k in directions for s in (True, False)]
-            if not refine or hi <= lo or lo >= 1.0:
-                return lo, hi, sides
-            reach = side(d, True).epsilon(lo) if lo > 0.0 else math.inf  # where the upper curve is down to lo
-            if reach - epsilon <= rtol * max(epsilon, 1.0):
-                return lo, hi, sides
-            if not self._refine_one_side(d, level, stalled, value, (los[d], his[d]), hi - lo):
-                return lo, hi, sides
-
-    def _refine_one_side(self, d: Direction, level: dict, stalled: set, value: Any,
-                         before: tuple[float, float], gap: float) -> bool:
-        """Halve h on one side of direction ``d``: the optimistic side first (the merging
-        discretisation is the looser one), the pessimistic side once it has stalled.
-        ``before`` is the (optimistic, pessimistic) value at the current levels. Returns
-        False when no side can be refined any more."""
-        sides = [s for s in (False, True) if (d, s) not in stalled and level[(d, s)] < self.max_refinements]
-        if not sides:
-            return False
-        side = sides[0]
-        level[(d, side)] += 1
-        try:
-            after = value(d, side)
-        except ValueError:  # the finer grid needs more than max_points: keep this level
-            level[(d, side)] -= 1
-            stalled.add((d, side))
-            return True
-        if abs(after - before[int(side)]) < 0.25 * gap:
-            # converged in h: what is left of the gap is the other side's (or the
-            # mechanism's own cells'); refining this side again would not close it
-            stalled.add((d, side))
-        return True
+        return delta_pass(side, self._directions(), epsilon, rtol, self.max_refinements,
+                          refine=self.grid_spacing is None, start=start)
 
     def composed_pld(self, direction: Direction | str = "remove", *, pessimistic: bool = True,
                      tail_mass: float = 1e-15) -> DiscretePLD:
@@ -364,30 +314,47 @@ class PLDAccountant:
         if not self._events:
             raise ValueError("the accountant is empty: call compose(mechanism, steps) first")
 
-    def _parts(self, direction: Direction, pessimistic: bool, tail_mass: float, level: int) -> list:
+    def _focus_keys(self, direction: Direction, focus: tuple[float, float] | None) -> tuple:
+        """What of ``focus`` each mechanism's cells depend on (all None: nothing)."""
+        return tuple(None if focus is None else m.focus_key(direction, focus) for m, _ in self._grouped())
+
+    def _focusable(self, focus: tuple[float, float]) -> bool:
+        """Whether some mechanism would refine its cells at ``focus``."""
+        return any(k is not None for d in self._directions() for k in self._focus_keys(d, focus))
+
+    def _parts(self, direction: Direction, pessimistic: bool, tail_mass: float, level: int,
+               focus: tuple[float, float] | None = None) -> list:
         """(single-step discrete PLD, count) of each mechanism on the level's grid (not
         cached: the cells are, and a discretisation of them is cheap)."""
         plan = self._plan(direction, tail_mass, level)
         discretise = discretise_pessimistic if pessimistic else discretise_optimistic
-        return [(discretise(self._cells(m, direction, grid, pessimistic)), c)
+        return [(discretise(self._cells(m, direction, grid, pessimistic, focus)), c)
                 for (m, c), grid in zip(self._grouped(), plan.grids)]
 
     def _side(self, direction: Direction, pessimistic: bool, tail_mass: float, level: int = 0,
-              tilt: float = 0.0) -> DiscretePLD:
+              tilt: float = 0.0, focus: tuple[float, float] | None = None) -> DiscretePLD:
         """Composed pessimistic or optimistic PLD of one direction; ``level`` halves h,
-        ``tilt`` tilts the FFT (:func:`fdp.pld.compose.compose`)."""
-        key = ("side", direction, pessimistic, tail_mass, level, tilt)
+        ``tilt`` tilts the FFT (:func:`fdp.pld.compose.compose`), ``focus`` is passed to
+        the mechanisms' cells (:meth:`fdp.mechanisms.base.Mechanism.loss_cells`)."""
+        key = ("side", direction, pessimistic, tail_mass, level, tilt, self._focus_keys(direction, focus))
         if key not in self._cache:
-            parts = self._parts(direction, pessimistic, tail_mass, level)
+            parts = self._parts(direction, pessimistic, tail_mass, level, focus)
             self._cache[key] = compose(parts, pessimistic=pessimistic, tail_mass=tail_mass,
                                        max_points=self.max_points, tilt=tilt)
         return self._cache[key]
 
-    def _cells(self, mechanism: Mechanism, direction: Direction, grid: Grid, pessimistic: bool):
-        """Loss cells, shared by both sides when the mechanism's cells are exact."""
-        key = ("cells", mechanism, direction, grid, None if mechanism.exact_cells else pessimistic)
+    def _cells(self, mechanism: Mechanism, direction: Direction, grid: Grid, pessimistic: bool,
+               focus: tuple[float, float] | None = None):
+        """Loss cells, shared by both sides (and all foci) when the mechanism's cells are exact."""
+        if mechanism.exact_cells:
+            key = ("cells", mechanism, direction, grid)
+            if key not in self._cache:
+                self._cache[key] = mechanism.loss_cells(direction, grid, pessimistic=pessimistic)
+            return self._cache[key]
+        key = ("cells", mechanism, direction, grid, pessimistic,
+               None if focus is None else mechanism.focus_key(direction, focus))
         if key not in self._cache:
-            self._cache[key] = mechanism.loss_cells(direction, grid, pessimistic=pessimistic)
+            self._cache[key] = mechanism.loss_cells(direction, grid, pessimistic=pessimistic, focus=focus)
         return self._cache[key]
 
     def _moments(self, direction: Direction, tail_mass: float) -> float:

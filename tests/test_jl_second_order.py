@@ -98,14 +98,16 @@ def test_position_bounds_bracket_the_conditional_mean():
         assert s(zb) <= mean_s
 
 
-def _mp_step_delta(eps, sigma, r, p, remove):
-    """delta(eps) of one JL step: mpmath over the chi density of Z."""
+def _mp_step_delta(eps, sigma, r, p, remove, breaks=(), dps=20):
+    """delta(eps) of one JL step: mpmath over the chi density of Z (``breaks``: extra
+    interval ends, e.g. around the Z where the integrand steps)."""
     def dens(z):
         x = r / z**2
         return mp.exp((r / 2 - 1) * mp.log(x) - x / 2 - (r / 2) * mp.log(2) - mp.loggamma(r / 2)) * 2 * r / z**3
 
-    with mp.workdps(20):
-        return mp.quad(lambda z: dens(z) * _mp_delta(z / sigma, eps, p, remove), [0, 0.5, 1, 2, 4, 8, mp.inf])
+    with mp.workdps(dps):
+        ends = sorted({0, 0.5, 1, 2, 4, 8, *breaks})
+        return mp.quad(lambda z: dens(z) * _mp_delta(z / sigma, eps, p, remove), [*ends, mp.inf])
 
 
 @pytest.mark.parametrize("sigma,r,p,eps", [(1.0, 4, 0.2, 0.5), (0.6, 10, 0.05, 1.0), (0.8, 5, 1.0, 2.0)])
@@ -114,6 +116,24 @@ def test_one_step_delta_bracket_contains_mpmath(sigma, r, p, eps):
     lo, hi = acc.get_delta_bounds(eps)
     truth = max(float(_mp_step_delta(eps, sigma, r, p, True)), float(_mp_step_delta(eps, sigma, r, p, False)))
     assert lo <= truth * (1 + 1e-9) and truth <= hi * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("sigma,r,p,delta", [(0.6, 2, 0.05, 1e-7), (0.6, 3, 0.02, 1e-8)])
+def test_heavy_tail_single_step_epsilon_bracket_contains_mpmath_within_a_tenth_of_a_percent(sigma, r, p, delta):
+    """At r = 2, 3 and small delta, eps is set by Z far in its tail (mu ~ 1000), where
+    delta_mu(eps) steps from 0 to p within ~1/mu of mu: the query's focus makes the
+    Z-cells there 1e-4 wide (0.58 % and 0.30 % wide brackets without it)."""
+    lo, hi = fdp.PLDAccountant().compose(
+        JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p), steps=1).get_epsilon_bounds(delta)
+    assert 0 < hi - lo <= 1e-3 * hi
+
+    def truth(eps):  # delta of the remove direction (add's loss is below -log(1 - p) < eps)
+        z_star = sigma * math.sqrt(2 * (eps - math.log(p)))
+        breaks = [z_star * f for f in (0.9, 0.99, 0.999, 1.0, 1.001, 1.01, 1.1)]
+        return float(_mp_step_delta(eps, sigma, r, p, True, breaks, dps=30))
+
+    # delta(eps) decreases: the exact eps lies in [lo, hi] iff delta(hi) <= delta <= delta(lo)
+    assert truth(hi) <= delta * (1 + 1e-9) and delta <= truth(lo) * (1 + 1e-9)
 
 
 def test_two_steps_at_p1_bracket_contains_quadrature():

@@ -50,8 +50,20 @@ class Mechanism(abc.ABC):
     sampling_rate: float
 
     @abc.abstractmethod
-    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool) -> LossCells:
-        """P-measure of the privacy loss of ``direction``'s pair on the cells of ``grid``."""
+    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
+                   focus: tuple[float, float] | None = None) -> LossCells:
+        """P-measure of the privacy loss of ``direction``'s pair on the cells of ``grid``.
+
+        ``focus`` = (a, b): a query's answer is decided near single-step losses in
+        [a, b] (None: no query at hand). Mechanisms whose cells are bounds rather than
+        exact may make them finer there (:meth:`focus_key`); the cells are valid
+        bounds for every focus, so it only moves their tightness.
+        """
+
+    def focus_key(self, direction: Direction, focus: tuple[float, float]) -> Any:
+        """What of ``focus`` ``loss_cells`` would use: None (the default) when its cells do
+        not depend on it, so the accountant reuses the unfocused ones."""
+        return None
 
     @abc.abstractmethod
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:

@@ -67,7 +67,8 @@ class _DiscretePair(Mechanism):
     def _log_pair(self) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool) -> LossCells:
+    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
+                   focus: tuple[float, float] | None = None) -> LossCells:
         """Exact cells (the same for ``pessimistic`` True and False)."""
         lp0, lp1 = self._log_pair()
         return pair_cells(lp0, lp1, self.sampling_rate, Direction(direction), grid)

@@ -290,7 +290,8 @@ class FromDelta(Mechanism):
         """Both pairs are exactly symmetric by construction."""
         return True
 
-    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool) -> LossCells:
+    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
+                   focus: tuple[float, float] | None = None) -> LossCells:
         lp0, lp1 = self._log_pair(pessimistic)
         return pair_cells(lp0, lp1, self.sampling_rate, Direction(direction), grid)
 

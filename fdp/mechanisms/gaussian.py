@@ -168,7 +168,8 @@ class Gaussian(Mechanism):
     def is_symmetric(self) -> bool:
         return True
 
-    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool) -> LossCells:
+    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
+                   focus: tuple[float, float] | None = None) -> LossCells:
         return subsampled_gaussian_cells(self.mu, self.sampling_rate, Direction(direction), grid)
 
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:

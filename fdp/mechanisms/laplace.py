@@ -278,7 +278,8 @@ class Laplace(Mechanism):
     def is_symmetric(self) -> bool:
         return True
 
-    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool) -> LossCells:
+    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
+                   focus: tuple[float, float] | None = None) -> LossCells:
         """Exact cells (the same for ``pessimistic`` True and False)."""
         return laplace_cells(self.scale, self.sampling_rate, Direction(direction), grid)
 

@@ -18,7 +18,7 @@ from fdp.mechanisms.random_sensitivity.laws import ZLaw
 from fdp.mechanisms.random_sensitivity.quadrature import Q_END
 from fdp.pld.cells import Direction, Grid, LossCells
 
-__all__ = ["ETA_REL", "X_CUT", "cached_cells", "components", "partition", "z_cells"]
+__all__ = ["ETA_REL", "X_CUT", "cached_cells", "components", "focus_window", "partition", "z_cells"]
 
 #: Components' noise values are evaluated within X_CUT of their mean; the rest
 #: (<= 2 Phi(-X_CUT) ~ 1e-25 of each component) is placed on the safe side.
@@ -44,6 +44,51 @@ ETA_REL_MIN = 1e-3
 TAIL_CELLS = 2000
 #: Budget of the proxy error sum_j w_j [D(mu_hi) - D(mu_lo)] / sum_j w_j D(mu_j).
 ETA_BULK = 0.1
+#: Relative width of the Z-cells in a query's focus window (:func:`focus_window`) ...
+FOCUS_REL = 1e-4
+#: ... coarser where the window would need more cells than this.
+FOCUS_CELLS = 2000
+#: The window is widened by this fraction of mu (the other steps' losses move the
+#: decisive loss of one step) and by this many units of mu (its Gaussian noise).
+FOCUS_MARGIN = 0.01
+FOCUS_SPREAD = 6.0
+#: No focus below this mu(a): the integrand's step, ~ 1/mu wide relative, is then
+#: smooth on the scale of the cells there (ETA_REL_MIN and coarser).
+FOCUS_MIN_MU = 50.0
+
+
+def focus_window(focus: tuple[float, float] | None, sigma: float, p: float,
+                 direction: Direction) -> tuple[float, float] | None:
+    """The range (z_a, z_b) of Z whose components carry single-step losses in ``focus``.
+
+    Where a heavy tail decides the answer, it is decided by ONE step with a large Z:
+    delta(eps) of T steps ~ T E_Z[delta_mu(eps - S)], S the other steps' (much
+    smaller) sum. The integrand steps from ~0 to ~p where the component's loss,
+    log p + mu^2/2 + mu xi (xi ~ N(0, 1), remove direction), crosses eps - S: at
+    mu ~ mu(eps) = sqrt(2 (eps - log p)), within a relative width ~ 1/mu. A cell of
+    the partition that straddles that step errs to first order in its width (the
+    two-point and Jensen bounds of :mod:`.convexity` are second order only where
+    the integrand is smooth on the cell's scale), so the cells there are made
+    ``FOCUS_REL`` wide: mu in [mu(a), mu(b)], widened by ``FOCUS_MARGIN`` relative
+    and ``FOCUS_SPREAD`` absolute, rounded outwards to powers of 2^(1/64) (nearby
+    queries share cached cells). None where there is nothing to focus: no focus,
+    mu(a) < ``FOCUS_MIN_MU``, or the add direction at p < 1 (its loss is below
+    -log(1 - p) whatever Z).
+    """
+    if focus is None or (direction is Direction.ADD and p < 1.0):
+        return None
+    a, b = (float(v) for v in focus)
+    if not (math.isfinite(a) and math.isfinite(b) and a <= b):
+        return None
+    mu_a = math.sqrt(2.0 * max(a - math.log(p), 0.0))
+    mu_b = math.sqrt(2.0 * max(b - math.log(p), 0.0))
+    if mu_a < FOCUS_MIN_MU:
+        return None
+    lo = mu_a * (1.0 - FOCUS_MARGIN) - FOCUS_SPREAD
+    hi = mu_b * (1.0 + FOCUS_MARGIN) + FOCUS_SPREAD
+    lo = 2.0 ** (math.floor(64.0 * math.log2(lo)) / 64.0)
+    hi = 2.0 ** (math.ceil(64.0 * math.log2(hi)) / 64.0)
+    return sigma * lo, sigma * hi
 
 
 def proxy(mu: np.ndarray, p: float) -> np.ndarray:
@@ -54,12 +99,15 @@ def proxy(mu: np.ndarray, p: float) -> np.ndarray:
     return np.where(m2 > 700.0, m2 + 2.0 * math.log(p), small)
 
 
-def partition(law: ZLaw, sigma: float, p: float, z_top: float) -> tuple[np.ndarray, np.ndarray]:
+def partition(law: ZLaw, sigma: float, p: float, z_top: float,
+              z_focus: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Cell edges z_0 < ... < z_K of Z and weights w_j = P(z_j < Z <= z_{j+1}).
 
     z_0 is the lower end of Z's support, z_K its upper end (maybe inf); z_{K-1}
     is at most ``z_top`` (above it every component's mass is beyond the grid, or
-    its loss has saturated) and the bottom cell holds <= 1e-30 of mass.
+    its loss has saturated) and the bottom cell holds <= 1e-30 of mass. Cells in
+    ``z_focus`` (:func:`focus_window`) are ``FOCUS_REL`` wide (or as fine as
+    ``FOCUS_CELLS`` cells allow). Any partition gives valid bounds.
     """
     z_bot = float(law.ppf(Q_END))
     if not (z_bot > law.lower):
@@ -72,6 +120,11 @@ def partition(law: ZLaw, sigma: float, p: float, z_top: float) -> tuple[np.ndarr
     inner = np.concatenate([law.ppf(q), law.ppf(tail_q), law.isf(tail_q)])
     inner = inner[np.isfinite(inner) & (inner > z_bot) & (inner < z_top)]
     edges = np.unique(np.concatenate([[z_bot, z_top], inner]))
+    if z_focus is not None:
+        a, b = max(z_focus[0], z_bot), min(z_focus[1], z_top)
+        if b > a > 0.0:
+            k = min(FOCUS_CELLS, math.ceil(math.log(b / a) / FOCUS_REL))
+            edges = np.unique(np.concatenate([edges, np.geomspace(a, b, k + 1)]))
     # relative width <= rho(mu) = ETA_TAIL / mu^2 clipped to [ETA_REL_MIN, ETA_REL] where
     # mu >= 1 (and z > 0):
     # geometric refinement
@@ -115,7 +168,8 @@ def partition(law: ZLaw, sigma: float, p: float, z_top: float) -> tuple[np.ndarr
 
 
 @functools.lru_cache(maxsize=32)
-def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
+def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: bool,
+               z_focus: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(mu_j, w_j) of the Z+ (pessimistic) or Z- (optimistic) mixture, cached (read-only).
 
     A discrete law is its own finite mixture: mu_j = z_j / sigma on both sides, so the
@@ -127,16 +181,17 @@ def components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: boo
     cell split onto its ends with the chord weights (6), components at the edges;
     optimistic, one Jensen point (7) per cell (an infinite top cell: its lower end).
     """
-    mus, weights = _components(law, sigma, p, z_top, pessimistic)
+    mus, weights = _components(law, sigma, p, z_top, pessimistic, z_focus)
     mus.setflags(write=False)
     weights.setflags(write=False)
     return mus, weights
 
 
-def _components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
+def _components(law: ZLaw, sigma: float, p: float, z_top: float, pessimistic: bool,
+                z_focus: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
     atoms = law.atoms()
     if atoms is None:
-        edges, weights = partition(law, sigma, p, z_top)
+        edges, weights = partition(law, sigma, p, z_top, z_focus)
         k = int(np.sum(np.isfinite(edges[1:])))  # cells with a finite upper edge
         under, over = position_bounds(law, edges[:k], edges[1:k + 1], sigma, closed_first=True)
         if pessimistic:  # (6): each finite cell onto its two ends
@@ -209,8 +264,9 @@ def mu_top(direction: Direction, grid: Grid, p: float) -> float:
 
 
 def z_cells(law: ZLaw, sigma: float, p: float, direction: Direction, grid: Grid,
-           pessimistic: bool) -> LossCells:
-    mus, weights = components(law, sigma, p, sigma * mu_top(direction, grid, p), pessimistic)
+           pessimistic: bool, z_focus: tuple[float, float] | None = None) -> LossCells:
+    """The loss cells of the Z+ (pessimistic) or Z- mixture on ``grid``."""
+    mus, weights = components(law, sigma, p, sigma * mu_top(direction, grid, p), pessimistic, z_focus)
     remove = direction is Direction.REMOVE
     finite = np.isfinite(mus) & (mus > 0) & (weights > 0)
     mf = mus[finite]
@@ -246,6 +302,7 @@ def z_cells(law: ZLaw, sigma: float, p: float, direction: Direction, grid: Grid,
 
 
 @functools.lru_cache(maxsize=16)
-def cached_cells(mech: Any, direction: Direction, grid: Grid, pessimistic: bool) -> LossCells:
+def cached_cells(mech: Any, direction: Direction, grid: Grid, pessimistic: bool,
+                 z_focus: tuple[float, float] | None = None) -> LossCells:
     """:func:`z_cells` of a (hashable) random-sensitivity mechanism, cached."""
-    return z_cells(mech.law(), mech.noise_multiplier, mech.sampling_rate, direction, grid, pessimistic)
+    return z_cells(mech.law(), mech.noise_multiplier, mech.sampling_rate, direction, grid, pessimistic, z_focus)

@@ -9,7 +9,7 @@ import numpy as np
 
 from fdp._validation import check_real, check_sampling_rate
 from fdp.mechanisms.base import Mechanism, register_mechanism
-from fdp.mechanisms.random_sensitivity.cells import cached_cells
+from fdp.mechanisms.random_sensitivity.cells import cached_cells, focus_window
 from fdp.mechanisms.random_sensitivity.laws import ScipyLaw, ZLaw
 from fdp.mechanisms.random_sensitivity.quadrature import mixture_alpha_beta_of, mixture_delta_of
 from fdp.mechanisms.random_sensitivity.ranges import loss_range
@@ -31,9 +31,18 @@ class RandomSensitivityBase(Mechanism):
     def is_symmetric(self) -> bool:
         return True  # given Z = z a Gaussian shift: both directions agree at p = 1
 
-    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool) -> LossCells:
-        """Cells of the Z+ (pessimistic) or Z- (optimistic) mixture; see the module docstring."""
-        return cached_cells(self, Direction(direction), grid, bool(pessimistic))
+    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
+                   focus: tuple[float, float] | None = None) -> LossCells:
+        """Cells of the Z+ (pessimistic) or Z- (optimistic) mixture; see the package docstring.
+
+        With a ``focus`` the Z-partition is refined where single steps have losses in it
+        (:func:`fdp.mechanisms.random_sensitivity.cells.focus_window`)."""
+        direction = Direction(direction)
+        return cached_cells(self, direction, grid, bool(pessimistic), self.focus_key(direction, focus))
+
+    def focus_key(self, direction: Direction, focus: tuple[float, float] | None) -> tuple[float, float] | None:
+        """The range of Z refined for ``focus`` (:func:`~.cells.focus_window`), or None."""
+        return focus_window(focus, self.noise_multiplier, self.sampling_rate, Direction(direction))
 
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
         return loss_range(self.law(), self.noise_multiplier, self.sampling_rate,

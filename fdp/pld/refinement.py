@@ -1,0 +1,175 @@
+"""Grid refinement of one accountant query: halve h where the bracket is widest.
+
+A query composes, per direction, a pessimistic and an optimistic PLD on a grid of
+spacing h / 2^level. Every level gives valid bounds (the pessimistic PLD dominates
+the composition, the optimistic one is dominated by it), so a query keeps the best
+of each side over all the levels it computed: the lowest upper bound and the highest
+lower bound. Finer is not always tighter: a floored spacing (``max_points``) or a
+larger FFT's round-off charge can loosen a side at a finer level.
+
+While the bracket is wider than the tolerance, ONE side of the direction that sets
+the upper bound is refined: the optimistic side first (the merging discretisation
+is the looser one), the pessimistic side once the optimistic one has stopped moving,
+at most ``max_refinements`` times each. A side whose halving moved it by less than
+a quarter of the gap has converged in h and is not refined again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fdp.pld.cells import Direction
+from fdp.pld.pmf import DiscretePLD
+
+__all__ = ["PassResult", "delta_pass", "epsilon_pass"]
+
+#: side(direction, pessimistic, level) -> the composed PLD of that side.
+Side = Callable[[Direction, bool, int], DiscretePLD]
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """Bounds of one refinement loop (each the best over the levels computed)."""
+
+    lower: float
+    upper: float
+    #: The direction whose upper bound is the largest.
+    leading: Direction
+    #: Each direction's upper bound.
+    uppers: dict[Direction, float]
+    #: The sides at the levels where the loop stopped (for the round-off checks).
+    sides: dict[tuple[Direction, bool], DiscretePLD]
+    #: Whether the bracket met the tolerance.
+    converged: bool
+    #: Each side's best value, and the level where it was reached.
+    best: dict[tuple[Direction, bool], tuple[float, int]]
+
+
+class _Levels:
+    """The level of each side, and the best value each side has reached."""
+
+    def __init__(self, side: Side, query: Callable[[DiscretePLD], float], levels: dict,
+                 start: dict | None) -> None:
+        self.side, self.query, self.level = side, query, levels
+        start = start or {}
+        self.level.update({key: level for key, (_, level) in start.items()})
+        self.best: dict[tuple[Direction, bool], tuple[float, int]] = dict(start)
+        #: sides carried over from an earlier pass, not yet computed in this one
+        self.carried = set(start)
+        self.values: dict[tuple[Direction, bool, int], float] = {}
+        self.stalled: set[tuple[Direction, bool]] = set()
+
+    def pld(self, d: Direction, pessimistic: bool) -> DiscretePLD:
+        return self.side(d, pessimistic, self.level[(d, pessimistic)])
+
+    def value(self, d: Direction, pessimistic: bool) -> float:
+        """The side's value at its level; the best so far is updated (min above, max below)."""
+        level = self.level[(d, pessimistic)]
+        if (d, pessimistic, level) not in self.values:
+            self.values[(d, pessimistic, level)] = self.query(self.pld(d, pessimistic))
+        v = self.values[(d, pessimistic, level)]
+        key = (d, pessimistic)
+        old = self.best.get(key)
+        if old is None or self._better(v, old[0], pessimistic):
+            self.best[key] = (v, level)
+        elif key in self.carried:
+            self.stalled.add(key)  # no better than the earlier pass here: this pass will not help it
+        self.carried.discard(key)
+        return v
+
+    @staticmethod
+    def _better(v: float, than: float, pessimistic: bool) -> bool:
+        return v < than if pessimistic else v > than
+
+    def bound(self, d: Direction, pessimistic: bool) -> float:
+        return self.best[(d, pessimistic)][0]
+
+    def sides(self) -> dict[tuple[Direction, bool], DiscretePLD]:
+        return {key: self.pld(*key) for key, lvl in self.level.items() if lvl >= 0}
+
+    def refine(self, d: Direction, max_refinements: int, gap: float) -> bool:
+        """Halve h on one side of ``d`` (see the module docstring). False when none can be."""
+        open_sides = [s for s in (False, True) if (d, s) not in self.stalled and self.level[(d, s)] < max_refinements]
+        if not open_sides:
+            return False
+        s = open_sides[0]
+        before = self.value(d, s)
+        self.level[(d, s)] += 1
+        try:
+            after = self.value(d, s)
+        except ValueError:  # the finer grid needs more than max_points: keep this level
+            self.level[(d, s)] -= 1
+            self.stalled.add((d, s))
+            return True
+        if abs(after - before) < 0.25 * gap or not self._better(after, before, s):
+            # converged in h: what is left of the gap is the other side's (or the
+            # mechanism's own cells'); or looser (round-off, a floored spacing):
+            # refining this side again would not close it
+            self.stalled.add((d, s))
+        return True
+
+
+def epsilon_pass(side: Side, directions: Sequence[Direction], delta: float, rtol: float,
+                 max_refinements: int, refine: bool, start: dict | None = None) -> PassResult:
+    """Bounds on eps(delta) = max over ``directions`` of eps_direction(delta).
+
+    The first direction is computed on the level-0 grid; the others are only
+    screened, pessimistically, on a grid 4x coarser (level -2) and computed at level
+    0 if one of them leads. ``start`` carries sides over from an earlier pass
+    ({side: (best value, level)}, e.g. :attr:`PassResult.best`): they start at that
+    level, keep that value as a bound, and are not refined if this pass does no
+    better there. With ``refine`` False the levels stay where they are.
+    """
+    levels = {(d, s): (0 if i == 0 or not refine else -2) for i, d in enumerate(directions) for s in (True, False)}
+    state = _Levels(side, lambda pld: pld.epsilon(delta), levels, start)
+    while True:
+        for d in directions:
+            state.value(d, True)
+            if levels[(d, False)] >= 0:  # a screened direction's lower bound is not needed
+                state.value(d, False)
+        uppers = {d: state.bound(d, True) for d in directions}
+        hi = max(uppers.values())
+        lo = max(state.bound(d, False) for d in directions if (d, False) in state.best)
+        d = max(uppers, key=uppers.get)
+        if levels[(d, True)] < 0:  # screened only: compute the leading direction properly
+            levels[(d, True)] = levels[(d, False)] = 0
+            continue
+        gap = hi - lo
+        converged = gap <= rtol * hi
+        if not refine or converged or not math.isfinite(hi):
+            break
+        if not state.refine(d, max_refinements, gap):
+            break
+    return PassResult(lower=lo, upper=hi, leading=d, uppers=uppers, sides=state.sides(), converged=converged,
+                      best=dict(state.best))
+
+
+def delta_pass(side: Side, directions: Sequence[Direction], epsilon: float, rtol: float,
+               max_refinements: int, refine: bool, start: dict | None = None) -> PassResult:
+    """Bounds on delta(eps) = max over ``directions`` of delta_direction(eps).
+
+    Refined until the upper curve comes down to the lower bound ``lo`` within
+    ``rtol * max(eps, 1)`` of ``eps`` (a relative gap on delta itself would ask far
+    more where delta(eps) is steep). ``start`` as in :func:`epsilon_pass`.
+    """
+    levels = {(d, s): 0 for d in directions for s in (True, False)}
+    state = _Levels(side, lambda pld: float(pld.delta(epsilon)), levels, start)
+    while True:
+        for d in directions:
+            state.value(d, True)
+            state.value(d, False)
+        uppers = {d: state.bound(d, True) for d in directions}
+        hi = max(uppers.values())
+        lo = max(state.bound(d, False) for d in directions)
+        d = max(uppers, key=uppers.get)
+        # converged: the upper curve is down to lo within the tolerance of eps
+        converged = hi <= lo or lo >= 1.0 or (
+            lo > 0.0 and state.pld(d, True).epsilon(lo) - epsilon <= rtol * max(epsilon, 1.0))
+        if not refine or converged:
+            break
+        if not state.refine(d, max_refinements, hi - lo):
+            break
+    return PassResult(lower=lo, upper=hi, leading=d, uppers=uppers, sides=state.sides(), converged=converged,
+                      best=dict(state.best))

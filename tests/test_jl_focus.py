@@ -1,0 +1,93 @@
+"""A query's focus refines the JL Z-partition where single steps decide the answer.
+
+Reference: the Z-quadrature of delta (fdp.JL.delta, refined around the step of the
+integrand; it matches mpmath to ~1e-15 there, see test_jl_second_order.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fdp
+from fdp.mechanisms.random_sensitivity import cells
+from fdp.mechanisms.random_sensitivity.cells import FOCUS_MIN_MU, FOCUS_REL, focus_window, partition
+from fdp.mechanisms.random_sensitivity.laws import ChiLaw
+from fdp.pld.cells import Direction, Grid
+from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
+
+
+def _mu(loss, p):
+    return math.sqrt(2 * (loss - math.log(p)))
+
+
+def test_focus_window_covers_the_components_that_reach_the_focus():
+    sigma, p = 0.6, 0.01
+    a, b = 1e4, 2e4
+    z_a, z_b = focus_window((a, b), sigma, p, Direction.REMOVE)
+    assert z_a < sigma * _mu(a, p) and sigma * _mu(b, p) < z_b
+    # ... with the margin of the noise (+-6 in mu) and of the other steps (1 %), not much more
+    lo, hi = sigma * (_mu(a, p) * 0.99 - 6), sigma * (_mu(b, p) * 1.01 + 6)
+    assert lo * 2 ** (-1 / 64) <= z_a <= lo and hi <= z_b <= hi * 2 ** (1 / 64)
+    # p = 1: both directions are the same mechanism
+    assert focus_window((a, b), sigma, 1.0, Direction.ADD) == focus_window((a, b), sigma, 1.0, Direction.REMOVE)
+
+
+@pytest.mark.parametrize("focus,p,direction", [
+    (None, 0.01, Direction.REMOVE),
+    ((1e4, 2e4), 0.01, Direction.ADD),  # add's loss is below -log(1 - p): no Z reaches 1e4
+    ((10.0, 20.0), 0.01, Direction.REMOVE),  # mu ~ 7: the bulk, smooth on the cells' scale
+    ((math.nan, 1e4), 0.01, Direction.REMOVE),
+    ((2e4, 1e4), 0.01, Direction.REMOVE),
+])
+def test_no_focus_where_there_is_nothing_to_refine(focus, p, direction):
+    assert focus_window(focus, 0.6, p, direction) is None
+
+
+def test_focused_partition_is_fine_in_the_window_and_keeps_all_mass():
+    law, sigma, p = ChiLaw(2), 0.6, 0.01
+    z_focus = focus_window((2e4, 2.05e4), sigma, p, Direction.REMOVE)
+    edges, weights = partition(law, sigma, p, 1e4, z_focus)
+    assert np.all(np.diff(edges) > 0)
+    assert weights.sum() == pytest.approx(1.0, abs=1e-12)
+    inside = (edges[:-1] >= z_focus[0]) & (edges[1:] <= z_focus[1])
+    assert inside.sum() > 100
+    assert np.all(edges[1:][inside] / edges[:-1][inside] <= 1 + FOCUS_REL * (1 + 1e-6))
+
+
+@settings(max_examples=8, deadline=None)
+@given(r=st.sampled_from([1, 2, 3]), p=st.sampled_from([1.0, 0.05, 0.003]),
+       a=st.floats(3e3, 5e4), width=st.floats(0.0, 0.2))
+def test_focused_cells_bracket_delta_and_are_tight_in_the_focus(r, p, a, width):
+    b = a * (1 + width)
+    m = fdp.JL(noise_multiplier=0.6, jl_projections=r, sampling_rate=p)
+    grid = Grid.covering(-1.0, 3 * b, 4.0)
+    eps = np.array([0.5 * a, a, 0.5 * (a + b), b, 2 * b])
+    exact = m.delta(eps, Direction.REMOVE)
+    brackets = {}
+    for focus in (None, (a, b)):
+        hi = discretise_pessimistic(m.loss_cells(Direction.REMOVE, grid, pessimistic=True, focus=focus))
+        lo = discretise_optimistic(m.loss_cells(Direction.REMOVE, grid, pessimistic=False, focus=focus))
+        d_hi = np.array([float(hi.delta(e)) for e in eps])
+        d_lo = np.array([float(lo.delta(e)) for e in eps])
+        assert np.all(d_hi >= exact * (1 - 1e-12)) and np.all(d_lo <= exact * (1 + 1e-12))
+        brackets[focus] = (d_hi - d_lo) / exact
+    if _mu(a, p) >= FOCUS_MIN_MU:  # narrower in the focus; far narrower where mu >> 1 / FOCUS_REL^(1/2)
+        assert np.all(brackets[(a, b)][1:4] < brackets[None][1:4])
+        if _mu(a, p) >= 150:
+            assert np.all(brackets[(a, b)][1:4] < brackets[None][1:4] / 3)
+
+
+def test_no_focused_pass_where_the_bracket_meets_the_tolerance(monkeypatch):
+    """r = 30 at eps ~ 10: a focused pass would cost a pass for nothing (the narrowing
+    at r = 2, 3 is tested in test_jl_second_order.py)."""
+    seen = []
+    original = cells.partition
+    monkeypatch.setattr(cells, "partition", lambda *args: seen.append(args[4:]) or original(*args))
+    fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=0.6123, jl_projections=30, sampling_rate=0.01),
+                                steps=300).get_epsilon_bounds(1e-5)
+    assert seen and all(not extra or extra[0] is None for extra in seen)
