@@ -35,7 +35,7 @@ from fdp.pld.cells import Direction, Grid
 from fdp.pld.capped import capped_lower_epsilon
 from fdp.pld.compose import MAX_FFT_POINTS, compose, saddle_tilt
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
-from fdp.pld.plan import GridPlan, composed_sd, grid_plan
+from fdp.pld.plan import GridPlan, composed_sd, grid_plan, query_cap
 from fdp.pld.pmf import DiscretePLD
 from fdp.pld.refinement import PassResult, delta_pass, epsilon_pass
 from fdp.pld.queries import (
@@ -173,9 +173,14 @@ class PLDAccountant:
         self._require_events()
         tail = tail_budget(delta)
         rtol = self.epsilon_rtol
+        result = self._epsilon_pass(delta, tail, rtol, {})
+        focus = None
+        if not result.converged and math.isfinite(result.upper) and self._focusable(
+                (result.lower, result.upper), tail):
+            # grids cut above the bracket, cells focused on it; each side starts at its best level
+            focus = (result.lower, result.upper)
+            result = self._epsilon_pass(delta, tail, rtol, {}, focus, start=result.best)
         tilts: dict[tuple[Direction, bool], float] = {}  # per side; absent: untilted
-        result = self._epsilon_pass(delta, tail, rtol, tilts)
-        best_tilts: dict[tuple[Direction, bool], float] = {}  # the tilt of each side's best value
         for _ in range(_TILT_PASSES):
             moving = [key for key, pld in result.sides.items() if round_off_moves_epsilon(pld, delta, rtol,
                                                                                           result.upper)]
@@ -187,14 +192,8 @@ class PLDAccountant:
                 break  # nothing moves, or the same tilts again
             tilts = {**tilts, **new}
             # every side starts where it did best (and keeps that bound): the coarser levels were not enough
-            before = result.best
-            result = self._epsilon_pass(delta, tail, rtol, tilts, start=before)
-            best_tilts.update({key: tilts.get(key, 0.0) for key, b in result.best.items() if before.get(key) != b})
+            result = self._epsilon_pass(delta, tail, rtol, tilts, focus, start=result.best)
         lo, hi = result.lower, result.upper
-        if hi - lo > rtol * hi and math.isfinite(hi) and self._focusable((lo, hi)):
-            # mechanisms with approximate cells refine them where single steps reach the answer
-            result = self._epsilon_pass(delta, tail, rtol, best_tilts, focus=(lo, hi), start=result.best)
-            lo, hi = result.lower, result.upper
         if self.grid_spacing is None and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
             lo = max(lo, self._capped_lower(result.leading, delta, tail, lo, hi))
         return reported(lo, hi, delta, rtol, fixed_grid=self.grid_spacing is not None)
@@ -254,14 +253,16 @@ class PLDAccountant:
         tilts: dict[tuple[Direction, bool], float] = {}
         tail = 1e-15
         result = self._delta_pass(epsilon, rtol, tilts, tail)
+        focus = None
+        if not result.converged and self._focusable((epsilon, epsilon), tail):
+            focus = (epsilon, epsilon)  # grids cut above epsilon, cells focused on it
+            result = self._delta_pass(epsilon, rtol, tilts, tail, focus, start=result.best)
         if round_off_matters(list(result.sides.values()), max(result.lower, 1e-300), rtol, epsilon, epsilon):
             # the round-off (or the tails) are not small against delta: tilt the FFTs
             # towards epsilon, with tails cut in proportion to delta
             tail = min(1e-15, tail_budget(result.lower if result.lower > 0.0 else 1e-300))
             tilts = {(k, s): self._tilt(k, epsilon, tail) for k in self._directions() for s in (True, False)}
-            result = self._delta_pass(epsilon, rtol, tilts, tail, start=result.best)
-        if not result.converged and self._focusable((epsilon, epsilon)):
-            result = self._delta_pass(epsilon, rtol, tilts, tail, focus=(epsilon, epsilon), start=result.best)
+            result = self._delta_pass(epsilon, rtol, tilts, tail, focus, start=result.best)
         lo, hi = result.lower, result.upper
         if hi == 0.0 and any(may_exceed(self._parts(d, True, 1e-15, 0), epsilon) for d in self._directions()):
             hi = math.ulp(0.0)  # delta > 0 but below float64's range: the least positive float bounds it
@@ -318,15 +319,24 @@ class PLDAccountant:
         """What of ``focus`` each mechanism's cells depend on (all None: nothing)."""
         return tuple(None if focus is None else m.focus_key(direction, focus) for m, _ in self._grouped())
 
-    def _focusable(self, focus: tuple[float, float]) -> bool:
-        """Whether some mechanism would refine its cells at ``focus``."""
-        return any(k is not None for d in self._directions() for k in self._focus_keys(d, focus))
+    def _focusable(self, focus: tuple[float, float], tail_mass: float) -> bool:
+        """Whether a pass focused on ``focus`` would differ: some step's grid reaches above
+        its cap (:func:`fdp.pld.plan.query_cap`), or some mechanism refines its cells there."""
+        if self.grid_spacing is not None:
+            return False  # a fixed grid is the user's choice: one pass (and its tilted one)
+        cap = query_cap(focus)
+        for d in self._directions():
+            if any(k is not None for k in self._focus_keys(d, focus)):
+                return True
+            if cap is not None and any((g.offset + g.n) * g.h > cap for g in self._plan(d, tail_mass).grids):
+                return True
+        return False
 
     def _parts(self, direction: Direction, pessimistic: bool, tail_mass: float, level: int,
                focus: tuple[float, float] | None = None) -> list:
         """(single-step discrete PLD, count) of each mechanism on the level's grid (not
         cached: the cells are, and a discretisation of them is cheap)."""
-        plan = self._plan(direction, tail_mass, level)
+        plan = self._plan(direction, tail_mass, level, query_cap(focus))
         discretise = discretise_pessimistic if pessimistic else discretise_optimistic
         return [(discretise(self._cells(m, direction, grid, pessimistic, focus)), c)
                 for (m, c), grid in zip(self._grouped(), plan.grids)]
@@ -336,7 +346,8 @@ class PLDAccountant:
         """Composed pessimistic or optimistic PLD of one direction; ``level`` halves h,
         ``tilt`` tilts the FFT (:func:`fdp.pld.compose.compose`), ``focus`` is passed to
         the mechanisms' cells (:meth:`fdp.mechanisms.base.Mechanism.loss_cells`)."""
-        key = ("side", direction, pessimistic, tail_mass, level, tilt, self._focus_keys(direction, focus))
+        key = ("side", direction, pessimistic, tail_mass, level, tilt, query_cap(focus),
+               self._focus_keys(direction, focus))
         if key not in self._cache:
             parts = self._parts(direction, pessimistic, tail_mass, level, focus)
             self._cache[key] = compose(parts, pessimistic=pessimistic, tail_mass=tail_mass,
@@ -357,13 +368,13 @@ class PLDAccountant:
             self._cache[key] = mechanism.loss_cells(direction, grid, pessimistic=pessimistic, focus=focus)
         return self._cache[key]
 
-    def _moments(self, direction: Direction, tail_mass: float) -> float:
-        key = ("sd", direction, tail_mass)
+    def _moments(self, direction: Direction, tail_mass: float, cap: float | None = None) -> float:
+        key = ("sd", direction, tail_mass, cap)
         if key not in self._cache:
-            self._cache[key] = composed_sd(self._grouped(), direction, tail_mass)
+            self._cache[key] = composed_sd(self._grouped(), direction, tail_mass, cap)
         return self._cache[key]
 
-    def _plan(self, direction: Direction, tail_mass: float, level: int = 0) -> GridPlan:
-        sd = None if self.grid_spacing is not None else self._moments(direction, tail_mass)
+    def _plan(self, direction: Direction, tail_mass: float, level: int = 0, cap: float | None = None) -> GridPlan:
+        sd = None if self.grid_spacing is not None else self._moments(direction, tail_mass, cap)
         return grid_plan(self._grouped(), direction, tail_mass, level, grid_spacing=self.grid_spacing,
-                         grid_scale=self.grid_scale, max_points=self.max_points, sd=sd)
+                         grid_scale=self.grid_scale, max_points=self.max_points, sd=sd, cap=cap)

@@ -304,7 +304,9 @@ def _bracket_step(x: float | None, x_end: float, direction: float, factor: float
     early, not late; the first step's line of slope -1 overshoots it)."""
     if x is None or not (x - x_end) * direction > 0.0:
         return factor
-    return min(max(math.exp(abs(x - x_end)) * 1.02, 1.0 + tol), max(factor * factor, 3.0))
+    most = max(factor * factor, 3.0)
+    # the exponent is capped first: a near-flat line extrapolates to |x| ~ 1e15 (exp overflows)
+    return min(max(math.exp(min(abs(x - x_end), math.log(most))) * 1.02, 1.0 + tol), most)
 
 
 def _shrink_probe(x: float | None, lo: float, hi: float, tol: float) -> float | None:

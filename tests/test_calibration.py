@@ -319,3 +319,13 @@ def test_a_crossing_next_to_a_bracket_end_is_probed_there():
     assert len(runs) <= 5
     jl = fdp.JL(noise_multiplier=sigma, sampling_rate=256 / 25000, jl_projections=5)
     assert fdp.PLDAccountant().compose(jl, steps=1465).get_epsilon(1e-5) <= 20.0
+
+
+def test_a_far_extrapolated_crossing_is_a_bounded_step_not_an_overflow():
+    """A near-flat line through two probes extrapolates the crossing to |log sigma| ~ 1e15;
+    the step is capped at max(factor^2, 3) (exp of the raw distance overflowed)."""
+    from fdp.calibration import _bracket_step
+
+    assert _bracket_step(-2.3e15, -4.07, -1.0, 1.4641, 1e-3) == 3.0
+    assert _bracket_step(2.3e15, 0.0, 1.0, 2.0, 1e-3) == 4.0
+    assert _bracket_step(-4.0 - math.log(1.5), -4.0, -1.0, 1.1, 1e-3) == pytest.approx(1.5 * 1.02)

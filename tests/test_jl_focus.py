@@ -91,3 +91,64 @@ def test_no_focused_pass_where_the_bracket_meets_the_tolerance(monkeypatch):
     fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=0.6123, jl_projections=30, sampling_rate=0.01),
                                 steps=300).get_epsilon_bounds(1e-5)
     assert seen and all(not extra or extra[0] is None for extra in seen)
+
+
+def test_a_capped_grid_stops_at_the_cap_and_gets_finer():
+    from fdp.pld.plan import CAP_MARGIN, grid_plan, query_cap
+
+    events = [(fdp.JL(noise_multiplier=0.6, jl_projections=2, sampling_rate=0.01), 100)]
+    kwargs = dict(grid_spacing=None, grid_scale=0.04, max_points=1 << 23)
+    acc = fdp.PLDAccountant().compose(*events[0])
+    full = grid_plan(events, Direction.REMOVE, 1e-9, 0, sd=acc._moments(Direction.REMOVE, 1e-9), **kwargs)
+    cap = query_cap((1e5, 1.2e5))
+    assert cap == 1.2e5 + CAP_MARGIN and query_cap(None) is None
+    capped = grid_plan(events, Direction.REMOVE, 1e-9, 0, sd=acc._moments(Direction.REMOVE, 1e-9, cap),
+                       cap=cap, **kwargs)
+    top = lambda g: (g.offset + g.n) * g.h  # noqa: E731
+    assert top(full.grids[0]) > 10 * cap  # the heavy tail's range, far above the answer
+    assert cap <= top(capped.grids[0]) <= cap + capped.h
+    assert capped.h < full.h / 5  # 1.65 against 11.9
+
+
+def test_delta_and_epsilon_queries_agree_on_a_heavy_tail():
+    """JL r = 2, T = 100: delta(1e5) is bracketed within 0.1 % (it was [6e-9, 1.0]),
+    and the epsilon query at either end of that bracket lands on the right side of 1e5."""
+    acc = fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=0.6, jl_projections=2, sampling_rate=0.01), steps=100)
+    d_lo, d_hi = acc.get_delta_bounds(1e5)
+    assert 0 < d_hi - d_lo <= 1e-3 * d_hi
+    # delta(1e5) <= d_hi, so eps(d_hi) <= 1e5; delta(1e5) >= d_lo, so eps(d_lo) >= 1e5
+    assert acc.get_epsilon_bounds(d_hi)[0] <= 1e5 <= acc.get_epsilon_bounds(d_lo)[1]
+
+
+def _mu_gdp_delta(mu: float, eps: float) -> float:
+    import mpmath as mp
+
+    with mp.workdps(40):
+        mu, eps = mp.mpf(mu), mp.mpf(eps)
+        return float(mp.ncdf(-eps / mu + mu / 2) - mp.e**eps * mp.ncdf(-eps / mu - mu / 2))
+
+
+@settings(max_examples=25, deadline=None)
+@given(sigma=st.floats(0.3, 2.0), steps=st.integers(2, 30), eps=st.floats(0.0, 4.0), b=st.floats(-39.5, 0.0))
+def test_any_cap_keeps_both_bounds_of_a_gaussian(sigma, steps, eps, b):
+    """Cutting the grids at ANY cap (here 0.5 to 40, often below the answer) is sound:
+    pessimistic delta >= the mu-GDP closed form >= optimistic delta."""
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=sigma), steps=steps)
+    focus = (b, b)  # cap = b + 40
+    exact = _mu_gdp_delta(math.sqrt(steps) / sigma, eps)
+    hi = float(acc._side(Direction.REMOVE, True, 1e-15, 0, 0.0, focus).delta(eps))
+    lo = float(acc._side(Direction.REMOVE, False, 1e-15, 0, 0.0, focus).delta(eps))
+    assert lo <= exact * (1 + 1e-9) + 1e-14 and exact <= hi * (1 + 1e-9) + 1e-14
+
+
+@settings(max_examples=10, deadline=None)
+@given(r=st.sampled_from([1, 2, 5]), p=st.sampled_from([1.0, 0.02]), eps=st.floats(0.0, 3e3),
+       b=st.floats(-39.0, 5e3))
+def test_any_cap_and_focus_keep_both_bounds_of_one_jl_step(r, p, eps, b):
+    m = fdp.JL(noise_multiplier=0.7, jl_projections=r, sampling_rate=p)
+    acc = fdp.PLDAccountant().compose(m, steps=1)
+    exact = float(m.delta(eps, Direction.REMOVE))
+    for focus in ((b, b), (b, b + 100.0)):
+        hi = float(acc._side(Direction.REMOVE, True, 1e-12, 0, 0.0, focus).delta(eps))
+        lo = float(acc._side(Direction.REMOVE, False, 1e-12, 0, 0.0, focus).delta(eps))
+        assert lo <= exact * (1 + 1e-9) + 1e-15 and exact <= hi * (1 + 1e-9) + 1e-15

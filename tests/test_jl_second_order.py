@@ -136,6 +136,22 @@ def test_heavy_tail_single_step_epsilon_bracket_contains_mpmath_within_a_tenth_o
     assert truth(hi) <= delta * (1 + 1e-9) and delta <= truth(lo) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("sigma,r,p,eps", [(0.6, 2, 0.01, 1e4), (0.6, 1, 0.05, 1e6), (1.0, 3, 1.0, 2e3)])
+def test_heavy_tail_single_step_delta_bracket_contains_mpmath_and_is_tight(sigma, r, p, eps):
+    """The loss range of a heavy tail reaches ~1e15 (its 1e-15 quantile), so a grid over
+    all of it has h >> eps: the brackets were [4e-7, 7e-3], [1e-6, 0.037] and [3.7e-6, 5.7e-6].
+    The query's pass cut at eps + 40 (fdp.pld.plan.query_cap) brackets delta within
+    0.002 %, 0.011 % and 0.34 %."""
+    lo, hi = fdp.PLDAccountant().compose(
+        JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p), steps=1).get_delta_bounds(eps)
+    z_star = sigma * math.sqrt(2 * (eps - math.log(p)))
+    breaks = [z_star * f for f in (0.9, 0.99, 0.999, 1.0, 1.001, 1.01, 1.1)]
+    truth = max(float(_mp_step_delta(eps, sigma, r, p, True, breaks, dps=30)),
+                float(_mp_step_delta(eps, sigma, r, p, False, breaks, dps=30)))
+    assert lo <= truth * (1 + 1e-9) and truth <= hi * (1 + 1e-9)
+    assert hi - lo <= 5e-3 * hi
+
+
 def test_two_steps_at_p1_bracket_contains_quadrature():
     """p = 1: two steps are the Gaussian with mu^2 = (Z1^2 + Z2^2) / sigma^2, so
     delta_2(eps) = E[delta_G(eps; sqrt(Z1^2 + Z2^2) / sigma)], by nested scipy quad."""
