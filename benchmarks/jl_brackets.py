@@ -1,13 +1,13 @@
 """Width and time of fdp.PLDAccountant's JL bracket, and of JL noise calibration.
 
-Usage: python benchmarks/jl_brackets.py [--calibrate] [index ...]   (no index: all settings)
+Usage: python benchmarks/jl_brackets.py [--calibrate] [--delta] [index ...]   (no index: all settings)
 
 Prints one line per setting of SETTINGS: the certified [lower, upper] epsilon, the
 relative width and the wall time of get_epsilon_bounds. Numba is compiled first (on
 a small query); the JL cells and components caches are cleared before each setting,
 so each time is that of a first query on a warm install. ``--calibrate`` also times
 ``fdp.calibrate_noise_multiplier`` for JL on CALIBRATIONS (caches cleared) and
-counts its accountant runs.
+counts its accountant runs; ``--delta`` times ``get_delta_bounds`` on DELTA_SETTINGS.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ SETTINGS = [(0.6, r, SEED_P, 1465, 1e-5) for r in (5, 10, 20, 30)] + [
 ]
 #: (r, target epsilon) at the seed's p and T = 1,465, delta = 1e-5.
 CALIBRATIONS = [(10, 8.0), (30, 4.0), (5, 20.0)]
+#: (sigma, r, p, T, epsilon) of the delta queries.
+DELTA_SETTINGS = [(0.6, 2, 0.01, 1, 1e4), (0.6, 2, 0.01, 100, 1e5), (0.6, 1, 0.05, 1, 1e6),
+                  (0.6, 10, SEED_P, 1465, 47.0)]
 
 
 def _clear_caches() -> None:
@@ -38,6 +41,7 @@ def main() -> None:
     ap.add_argument("--calibrate", action="store_true", help="also time JL noise calibration")
     ap.add_argument("--tail-cells", type=int, default=None,
                     help="what-if: the JL Z-partition's TAIL_CELLS (default: the library's, 2000)")
+    ap.add_argument("--delta", action="store_true", help="also time get_delta_bounds on DELTA_SETTINGS")
     ap.add_argument("index", nargs="*", type=int, help="settings to run (default: all)")
     args = ap.parse_args()
     if args.tail_cells is not None:
@@ -55,6 +59,14 @@ def main() -> None:
         lo, hi = fdp.PLDAccountant().compose(mech, steps=steps).get_epsilon_bounds(delta)
         print(f"sigma={sigma} r={r} p={p:.4g} T={steps} delta={delta}: [{lo:.6g}, {hi:.6g}] "
               f"width={(hi - lo) / hi * 100:.3f}% {time.perf_counter() - start:.2f}s", flush=True)
+    if args.delta:
+        for sigma, r, p, steps, eps in DELTA_SETTINGS:
+            _clear_caches()
+            start = time.perf_counter()
+            lo, hi = fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p),
+                                                 steps=steps).get_delta_bounds(eps)
+            print(f"delta: sigma={sigma} r={r} p={p:.4g} T={steps} eps={eps:g}: [{lo:.6g}, {hi:.6g}] "
+                  f"width={(hi - lo) / hi * 100:.3g}% {time.perf_counter() - start:.2f}s", flush=True)
     if args.calibrate:
         for r, target in CALIBRATIONS:
             _clear_caches()
