@@ -155,16 +155,17 @@ class PLDAccountant:
         direction is refined (grid halved; :mod:`fdp.pld.refinement`), and each side
         keeps the best value of all its levels: every value computed is a valid bound.
 
-        The FFT's float round-off has a proven bound (:mod:`fdp.pld.roundoff`). Where
-        it moves a side's eps noticeably (delta below ~1e-9, or huge FFTs), that side's
-        FFTs are redone on exponentially tilted PLDs aimed at the eps found
-        (:func:`fdp.pld.compose.compose`), which makes the round-off relative to delta:
-        certified down to delta = 1e-290. If the bracket is still too wide and a
-        mechanism's cells are approximate (``fdp.JL``), one more pass asks them to be
-        finer where single steps reach the bracket (``focus``; docs/jl.md, "Cells at
-        the query's focus"). If the bounds end more than 2x apart (a heavy upper tail
-        stretched the grid, as for ``fdp.JL`` with r = 1), the lower bound is
-        recomputed on grids cut at a cap (:meth:`_capped_lower`).
+        If the bracket is still too wide, one more pass is *focused* on it: every step's
+        grid is cut at its upper end + 40 (:func:`fdp.pld.plan.query_cap`: sound, and
+        within e^-40 relative), and mechanisms whose cells are bounds (``fdp.JL``) make
+        them finer where one step's loss reaches the bracket (docs/jl.md, "Cells at the
+        query's focus"). The FFT's float round-off has a proven bound
+        (:mod:`fdp.pld.roundoff`); where it moves a side's eps noticeably (delta below
+        ~1e-9, or huge FFTs), that side's FFTs are redone on exponentially tilted PLDs
+        aimed at the eps found (:func:`fdp.pld.compose.compose`), which makes the
+        round-off relative to delta: certified down to delta = 1e-290. If the bounds end
+        more than 2x apart (a heavy upper tail, as for ``fdp.JL`` with r = 1), the lower
+        bound is recomputed on grids cut at growing caps (:meth:`_capped_lower`).
 
         Raises:
           ValueError: delta outside [1e-290, 1).
@@ -242,10 +243,11 @@ class PLDAccountant:
         until the bracket is as tight as an epsilon bracket would be: the upper
         curve must come down to the lower bound ``lo`` within
         ``epsilon_rtol * max(epsilon, 1)`` of ``epsilon`` (a relative gap on delta
-        itself would ask far more where delta(eps) is steep). Where the FFT round-off
-        is not small against delta, the FFTs are redone tilted towards ``epsilon``;
-        where the bracket is still too wide, approximate cells are focused on
-        ``epsilon`` (as in :meth:`get_epsilon_bounds`).
+        itself would ask far more where delta(eps) is steep). Where the bracket is still
+        too wide, a pass focused on ``epsilon`` follows (grids cut at ``epsilon`` + 40,
+        approximate cells refined there); where the FFT round-off is not small against
+        delta, the FFTs are redone tilted towards ``epsilon`` (as in
+        :meth:`get_epsilon_bounds`).
         """
         epsilon = check_real("epsilon", epsilon, low=0.0)
         self._require_events()
