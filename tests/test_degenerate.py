@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import fdp
+from fdp.pld.cells import Direction, Grid
+from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
 
 NULLS = [fdp.FromDistributions([0.5, 0.5], [0.5, 0.5]), fdp.RandomizedResponse(epsilon=0.0),
          fdp.RandomizedResponse(epsilon=0.0, sampling_rate=0.3)]
@@ -144,3 +146,30 @@ def test_a_point_mass_pld_composes_exactly(c, steps):
         lo, hi = acc.get_delta_bounds(eps)
         exact_add = -math.expm1(-steps * c)
         assert lo <= max(exact, exact_add) <= hi and hi - lo <= 1e-12 * steps
+
+
+@pytest.mark.parametrize("mech", [fdp.JL(noise_multiplier=2.2752, jl_projections=4),
+                                  fdp.Gaussian(noise_multiplier=0.02)], ids=["jl_p1", "gaussian_sigma_0.02"])
+@pytest.mark.parametrize("direction", list(Direction))
+def test_cells_of_a_grid_that_ends_beyond_loss_709_have_no_nan(mech, direction):
+    """e^ell of the grid's end overflowed and met a tail with no Q-mass: inf * 0 = nan in
+    the right tail's excess (and the left tail's deficit), which the merging sweep turned
+    into a ZeroDivisionError (found by a red team: get_delta_bounds(40.1) of a Gaussian
+    composed with JL r = 4 at p = 1 crashed)."""
+    lo, hi = mech.loss_range(direction, 1e-12)
+    grid = Grid.covering(min(lo, -1.0), max(hi, 2000.0), 1.0)
+    for pessimistic in (True, False):
+        cells = mech.loss_cells(direction, grid, pessimistic=pessimistic)
+        for name in ("p_left", "d_left", "p_right", "u_right", "p_inf"):
+            assert not math.isnan(getattr(cells, name)), name
+        pld = (discretise_pessimistic if pessimistic else discretise_optimistic)(cells)
+        assert np.all(np.isfinite(pld.pmf)) and math.isfinite(float(pld.delta(1.0)))
+
+
+def test_gaussian_composed_with_jl_at_p1_answers_a_delta_query():
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=6.4919, sampling_rate=0.1), steps=68)
+    acc.compose(fdp.JL(noise_multiplier=2.2752, jl_projections=4), steps=14)
+    lo, hi = acc.get_delta_bounds(40.13)
+    assert 0 < lo <= hi < 1e-3
+    # and the epsilon query lands on the right side of 40.13 at both ends
+    assert acc.get_epsilon_bounds(hi)[0] <= 40.13 <= acc.get_epsilon_bounds(lo)[1]

@@ -296,7 +296,9 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta
         else:
             ell0 = offset * h
             q_left = (1.0 - p) * left + p * math.exp(t1hi[0])
-            d = math.exp(ell0) * q_left - left
+            # no Q-mass: the deficit is -left (<= 0), not inf * 0 = nan; else e^ell0 may
+            # overflow to inf, an overstated deficit (the merge then rounds down: safe)
+            d = math.exp(ell0) * q_left - left if q_left > 0.0 else -left
         tails[0] += w * left
         tails[1] += w * max(d, 0.0)
     elif left > 0.0:
@@ -314,7 +316,9 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta
                 ur = -math.expm1(elln)
         else:
             q_right = (1.0 - p) * right + p * math.exp(t1lo[j])
-            ur = right - math.exp(elln) * q_right
+            # no Q-mass: the excess is all of it, not inf * 0 = nan (a grid top above
+            # loss 709); else e^elln may overflow, an understated excess (safe: rounded down)
+            ur = right - math.exp(elln) * q_right if q_right > 0.0 else right
         tails[2] += w * right
         tails[3] += w * max(ur, 0.0)
     elif right > 0.0:

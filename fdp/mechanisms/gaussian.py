@@ -103,10 +103,14 @@ def subsampled_gaussian_cells(
         b0, an = t[0], t[-1]
         p_left = special.ndtr(-b0)
         q_left = (1.0 - p) * p_left + p * special.ndtr(mu - b0)
-        d_left = np.exp(ell[0]) * q_left - p_left
         p_right = special.ndtr(an)
         q_right = (1.0 - p) * p_right + p * special.ndtr(an - mu)
-        u_right = p_right - np.exp(ell[-1]) * q_right
+        # a tail without Q-mass: -p_left and p_right, not inf * 0 = nan (grid ends beyond
+        # loss 709); else an overflowing e^ell overstates the deficit and understates the
+        # excess, which the optimistic merge rounds down (safe)
+        with np.errstate(over="ignore"):
+            d_left = np.exp(ell[0]) * q_left - p_left if q_left > 0.0 else -p_left
+            u_right = p_right - np.exp(ell[-1]) * q_right if q_right > 0.0 else p_right
     return LossCells(
         grid=grid,
         p_cell=p_cell,
