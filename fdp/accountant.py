@@ -183,8 +183,11 @@ class PLDAccountant:
             result = self._epsilon_pass(delta, tail, rtol, {}, focus, start=result.best)
         tilts: dict[tuple[Direction, bool], float] = {}  # per side; absent: untilted
         for _ in range(_TILT_PASSES):
-            moving = [key for key, pld in result.sides.items() if round_off_moves_epsilon(pld, delta, rtol,
-                                                                                          result.upper)]
+            # a pessimistic side at eps = inf is tilted too: its round-off shift reads 0 there
+            # (all its charge is in p_inf, clipped at 1), but a tilted FFT may bring it down
+            moving = [key for key, pld in result.sides.items()
+                      if round_off_moves_epsilon(pld, delta, rtol, result.upper)
+                      or (key[1] and not math.isfinite(result.uppers[key[0]]))]
             # tilt those sides' FFTs towards their direction's eps found (or a Chernoff bound on it)
             aims = {k: self._tilt(k, result.uppers[k] if math.isfinite(result.uppers[k]) else
                                   self._chernoff_epsilon(k, delta, tail), tail) for k, _ in moving}

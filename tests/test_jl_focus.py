@@ -152,3 +152,22 @@ def test_any_cap_and_focus_keep_both_bounds_of_one_jl_step(r, p, eps, b):
         hi = float(acc._side(Direction.REMOVE, True, 1e-12, 0, 0.0, focus).delta(eps))
         lo = float(acc._side(Direction.REMOVE, False, 1e-12, 0, 0.0, focus).delta(eps))
         assert lo <= exact * (1 + 1e-9) + 1e-15 and exact <= hi * (1 + 1e-9) + 1e-15
+
+
+def test_a_focus_beyond_float_range_is_no_focus_and_the_query_answers():
+    """eps = 1e308 overflowed 2 (eps - log p) in the focus window (a red team's find)."""
+    assert focus_window((1e308, 1e308), 0.6, 0.01, Direction.REMOVE) is None
+    lo, hi = fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=0.6, jl_projections=2, sampling_rate=0.01),
+                                         steps=1).get_delta_bounds(1e308)
+    assert lo == 0.0 and 0.0 <= hi < 1e-12
+
+
+def test_an_infinite_upper_side_is_still_tilted():
+    """Its round-off shift reads 0 at eps = inf (the charge sits in p_inf, clipped at 1), so
+    with tilts chosen per side it was no longer tilted and the bound stayed inf (a red
+    team's find; before per-side tilts, and now, the tilted pass brings it to ~1.05e11)."""
+    acc = fdp.PLDAccountant().compose(
+        fdp.JL(noise_multiplier=1.3365593465290988, jl_projections=3, sampling_rate=0.01), steps=213)
+    with pytest.warns(UserWarning, match="wider than the relative tolerance"):
+        lo, hi = acc.get_epsilon_bounds(1.1699318022581615e-12)
+    assert 0 < lo <= hi < math.inf

@@ -78,3 +78,11 @@ def test_delta_pass_keeps_the_best_levels_too():
     # the upper curve never comes down to the lower delta within the tolerance: refine to the end
     result = delta_pass(_sides(table, [], reach=2.0), [R], 1.0, rtol=1e-3, max_refinements=3, refine=True)
     assert (result.lower, result.upper) == (9e-6, 1.2e-5)
+
+
+def test_an_infinite_upper_bound_is_not_converged():
+    """inf - lo <= rtol * inf holds in floats; a pass must not call that converged (it
+    would skip the focused pass that may bring the bound down)."""
+    table = {(R, True): {0: float("inf")}, (R, False): {0: 5.0}}
+    result = epsilon_pass(_sides(table, []), [R], 1e-5, rtol=1e-3, max_refinements=0, refine=True)
+    assert result.upper == float("inf") and not result.converged

@@ -137,7 +137,7 @@ def epsilon_pass(side: Side, directions: Sequence[Direction], delta: float, rtol
             levels[(d, True)] = levels[(d, False)] = 0
             continue
         gap = hi - lo
-        converged = gap <= rtol * hi
+        converged = math.isfinite(hi) and gap <= rtol * hi  # inf <= rtol * inf is not converged
         if not refine or converged or not math.isfinite(hi):
             break
         if not state.refine(d, max_refinements, gap):

@@ -80,6 +80,8 @@ def focus_window(focus: tuple[float, float] | None, sigma: float, p: float,
     a, b = (float(v) for v in focus)
     if not (math.isfinite(a) and math.isfinite(b) and a <= b):
         return None
+    if b > 1e300:  # 2 (b - log p) would overflow: no Z is that large anyway (MAX_LOSS = 1e15)
+        return None
     mu_a = math.sqrt(2.0 * max(a - math.log(p), 0.0))
     mu_b = math.sqrt(2.0 * max(b - math.log(p), 0.0))
     if mu_a < FOCUS_MIN_MU:
