@@ -22,7 +22,7 @@ from fdp.mechanisms.random_sensitivity import cells
 SEED_P = 256 / 25000
 SETTINGS = [(0.6, r, SEED_P, 1465, 1e-5) for r in (5, 10, 20, 30)] + [
     (1.0, 10, 0.01, 1000, 1e-5), (0.8, 20, 0.02, 500, 1e-6), (1.5, 5, 0.004, 3000, 1e-5),
-    (0.6, 3, SEED_P, 1465, 1e-5), (0.6, 2, SEED_P, 1465, 1e-5),
+    (0.6, 3, SEED_P, 1465, 1e-5), (0.6, 2, SEED_P, 1465, 1e-5), (0.6, 1, SEED_P, 1465, 1e-5),
 ]
 #: (r, target epsilon) at the seed's p and T = 1,465, delta = 1e-5.
 CALIBRATIONS = [(10, 8.0), (30, 4.0), (5, 20.0)]

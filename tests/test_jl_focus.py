@@ -7,6 +7,7 @@ integrand; it matches mpmath to ~1e-15 there, see test_jl_second_order.py).
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fdp
-from fdp.mechanisms.random_sensitivity import cells
 from fdp.mechanisms.random_sensitivity.cells import FOCUS_MIN_MU, FOCUS_REL, focus_window, partition
 from fdp.mechanisms.random_sensitivity.laws import ChiLaw
 from fdp.pld.cells import Direction, Grid
@@ -82,15 +82,27 @@ def test_focused_cells_bracket_delta_and_are_tight_in_the_focus(r, p, a, width):
             assert np.all(brackets[(a, b)][1:4] < brackets[None][1:4] / 3)
 
 
-def test_no_focused_pass_where_the_bracket_meets_the_tolerance(monkeypatch):
-    """r = 30 at eps ~ 10: a focused pass would cost a pass for nothing (the narrowing
-    at r = 2, 3 is tested in test_jl_second_order.py)."""
-    seen = []
-    original = cells.partition
-    monkeypatch.setattr(cells, "partition", lambda *args: seen.append(args[4:]) or original(*args))
-    fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=0.6123, jl_projections=30, sampling_rate=0.01),
-                                steps=300).get_epsilon_bounds(1e-5)
-    assert seen and all(not extra or extra[0] is None for extra in seen)
+@pytest.mark.parametrize("rtol,focused", [(0.05, False), (1e-3, True)])
+def test_a_focused_pass_runs_only_when_the_bracket_misses_the_tolerance(monkeypatch, rtol, focused):
+    """One JL step (r = 2, p = 0.05) at delta = 1e-7: the first pass ends ~0.6 % wide, so
+    a focused pass (grids cut above the bracket, cells refined in it) follows at the
+    default tolerance and is skipped at a 5 % one (it would cost a pass for nothing)."""
+    foci = []
+    original = fdp.PLDAccountant._epsilon_pass
+
+    def recorded(self, *args, **kwargs):
+        foci.append(kwargs.get("focus", args[4] if len(args) > 4 else None))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(fdp.PLDAccountant, "_epsilon_pass", recorded)
+    acc = fdp.PLDAccountant(epsilon_rtol=rtol).compose(
+        fdp.JL(noise_multiplier=0.6, jl_projections=2, sampling_rate=0.05), steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        lo, hi = acc.get_epsilon_bounds(1e-7)
+    assert foci[0] is None
+    assert any(f is not None for f in foci) == focused
+    assert hi - lo <= rtol * hi
 
 
 def test_a_capped_grid_stops_at_the_cap_and_gets_finer():
