@@ -5,7 +5,8 @@ Each row runs a new Python process that imports fdp and answers one query:
   JL:       fdp.dpsgd(noise_multiplier=0.6, batch_size=256, dataset_size=25000, epochs=15, jl_projections=10)
 both with .get_epsilon_bounds(1e-5). "cold" uses a fresh, empty NUMBA_CACHE_DIR (what a
 fresh install sees: every kernel the query needs is compiled), "warm" the same cache
-again (the kernels are loaded). Also the time of `fdp warmup` on an empty cache.
+again (the kernels are loaded); "cold, FDP_PREFETCH=0" compiles everything in the query's
+process (no helper: :mod:`fdp._kernels.prefetch`). Also the time of `fdp warmup` on an empty cache.
 
 Usage:
   python benchmarks/first_call.py [--repeats 2]
@@ -36,11 +37,11 @@ print(t1 - t0, t2 - t1)
 """
 
 
-def run(query: str, cache: str) -> tuple[float, float, float]:
+def run(query: str, cache: str, **env: str) -> tuple[float, float, float]:
     """(import, query, process wall time) in seconds."""
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(query=query)], capture_output=True, text=True,
-                         env={**os.environ, "NUMBA_CACHE_DIR": cache}, check=True,
+                         env={**os.environ, "NUMBA_CACHE_DIR": cache, **env}, check=True,
                          cwd=cache).stdout  # not this checkout's directory, which `-c` would put first
     wall = time.perf_counter() - start
     imp, q = (float(v) for v in out.split())
@@ -79,11 +80,13 @@ def main() -> None:
     print("| query | cache | import (s) | query (s) | process (s) |")
     print("|---|---|---:|---:|---:|")
     for name, query in QUERY.items():
-        rows: dict[str, list[tuple[float, float, float]]] = {"cold": [], "warm": []}
+        rows: dict[str, list[tuple[float, float, float]]] = {"cold": [], "cold, FDP_PREFETCH=0": [], "warm": []}
         for _ in range(args.repeats):
-            with tempfile.TemporaryDirectory() as cache:
+            with tempfile.TemporaryDirectory() as cache:  # one helper process when there is a spare core
                 rows["cold"].append(run(query, cache))
                 rows["warm"].append(run(query, cache))
+            with tempfile.TemporaryDirectory() as cache:  # all compiled in the query's process
+                rows["cold, FDP_PREFETCH=0"].append(run(query, cache, FDP_PREFETCH="0"))
         for kind, values in rows.items():
             med = [sorted(v[i] for v in values)[len(values) // 2] for i in range(3)]
             print(f"| {name} | {kind} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")

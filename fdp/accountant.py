@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fdp._kernels import prefetch
 from fdp._validation import check_integer, check_real
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict
 from fdp.pld.cells import Direction, Grid
@@ -171,7 +172,7 @@ class PLDAccountant:
           ValueError: delta outside [1e-290, 1).
         """
         delta = check_certifiable_delta(delta)
-        self._require_events()
+        self._start_query()
         tail = tail_budget(delta)
         rtol = self.epsilon_rtol
         result = self._epsilon_pass(delta, tail, rtol, {})
@@ -253,7 +254,7 @@ class PLDAccountant:
         :meth:`get_epsilon_bounds`).
         """
         epsilon = check_real("epsilon", epsilon, low=0.0)
-        self._require_events()
+        self._start_query()
         rtol = self.epsilon_rtol
         tilts: dict[tuple[Direction, bool], float] = {}
         tail = 1e-15
@@ -285,7 +286,7 @@ class PLDAccountant:
     def composed_pld(self, direction: Direction | str = "remove", *, pessimistic: bool = True,
                      tail_mass: float = 1e-15) -> DiscretePLD:
         """The composed discrete PLD of one direction (upper or lower bound)."""
-        self._require_events()
+        self._start_query()
         return self._side(Direction(direction), bool(pessimistic), tail_mass)
 
     def tradeoff(self):
@@ -293,7 +294,7 @@ class PLDAccountant:
         (:func:`fdp.tradeoff.epsilon_delta.composed_tradeoff`)."""
         from fdp.tradeoff.epsilon_delta import composed_tradeoff
 
-        self._require_events()
+        self._start_query()
         return composed_tradeoff({d: self.composed_pld(d, pessimistic=True) for d in self._directions()})
 
     # ----------------------------------------------------------- persistence
@@ -316,9 +317,13 @@ class PLDAccountant:
         return acc
 
     # ------------------------------------------------------------- internals
-    def _require_events(self) -> None:
+    def _start_query(self) -> None:
+        """Refuse an empty accountant; on a cold Numba cache, let helpers compile the
+        kernels this query needs after its first group (:mod:`fdp._kernels.prefetch`)."""
         if not self._events:
             raise ValueError("the accountant is empty: call compose(mechanism, steps) first")
+        groups = [g for m, _ in self._grouped() for g in m.kernel_groups]
+        prefetch.start([*groups, *prefetch.QUERY_GROUPS])
 
     def _focus_keys(self, direction: Direction, focus: tuple[float, float] | None) -> tuple:
         """What of ``focus`` each mechanism's cells depend on (all None: nothing)."""

@@ -29,6 +29,8 @@ import numba
 import numpy as np
 from numba import njit
 
+from fdp._kernels.prefetch import gated
+
 __all__ = ["log_ndtr_pair", "mixture_cells"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -329,6 +331,7 @@ def _one_component(offset, h, n, mu, w, p, remove, pessimistic, x_cut, base, eta
             u_cell[b - 1] += w * right * emh
 
 
+@gated("jl")
 @njit(cache=True, nogil=True)
 def _mixture_chunk(offset, h, n, mus, ws, bases, eta, w_max, p, remove, pessimistic, x_cut, first, stride,
                    acc_p, acc_u, acc_t):  # pragma: no cover - numba

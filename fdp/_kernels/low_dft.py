@@ -21,6 +21,8 @@ import math
 import numpy as np
 from numba import njit
 
+from fdp._kernels.prefetch import gated
+
 __all__ = ["low_frequency_dft", "twiddles"]
 
 #: 2 pi as a double-double: TAU_HI = fl(2 pi), TAU_LO = fl(2 pi - TAU_HI).
@@ -43,6 +45,7 @@ def _two_prod(a, b):  # pragma: no cover - numba
     return p, e
 
 
+@gated("pmf")
 @njit(cache=True)
 def _twiddle_table(n):  # pragma: no cover - numba
     """cos and sin of 2 pi r / n for r = 0 .. n-1.
@@ -81,6 +84,7 @@ def twiddles(n: int) -> tuple[np.ndarray, np.ndarray]:
     return cos_t, sin_t
 
 
+@gated("pmf")
 @njit(cache=True)
 def _low_dft(values, cos_t, sin_t, k_max):  # pragma: no cover - numba
     n = cos_t.shape[0]

@@ -47,6 +47,8 @@ class Mechanism(abc.ABC):
     kind: ClassVar[str] = ""
     #: True when ``loss_cells`` is exact (ignores ``pessimistic``): both sides share it.
     exact_cells: ClassVar[bool] = False
+    #: Groups of Numba kernels ``loss_cells`` runs (:mod:`fdp._kernels.prefetch`).
+    kernel_groups: ClassVar[tuple[str, ...]] = ()
     sampling_rate: float
 
     @abc.abstractmethod

@@ -44,6 +44,7 @@ import math
 import numpy as np
 from numba import njit
 
+from fdp._kernels.prefetch import gated
 from fdp.pld.cells import LossCells
 from fdp.pld.pmf import DiscretePLD
 
@@ -93,6 +94,7 @@ def discretise_optimistic(cells: LossCells) -> DiscretePLD:
     return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf))
 
 
+@gated("merge")
 @njit(cache=True)
 def _merge_sweep(h, p_cell, u_cell, p_left, d_left, p_right, u_right):  # pragma: no cover - numba
     """Two merging sweeps that meet at a grid point m. Returns the pmf on n+1 points.

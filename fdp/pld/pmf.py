@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from fdp._kernels.prefetch import gated
 from fdp._validation import check_array, check_delta
 from fdp.pld.roundoff import U
 
@@ -198,6 +199,7 @@ class DiscretePLD:
         return 0.0
 
 
+@gated("pmf")
 @njit(cache=True)
 def _mean_variance(pmf, offset, h):  # pragma: no cover - numba
     """(mean, variance) of the normalised finite part, in one pass (shifted sums)."""
@@ -219,6 +221,7 @@ def _mean_variance(pmf, offset, h):  # pragma: no cover - numba
     return (offset + centre + m1) * h, max(s2 / mass - m1 * m1, 0.0) * h * h
 
 
+@gated("pmf")
 @njit(cache=True)
 def _delta_at(pmf, offset, h, eps):  # pragma: no cover - numba
     """Direct sum of (1) for each eps: sum over atoms above eps of pmf (1 - e^{eps - ell})."""
@@ -255,6 +258,7 @@ def _grid_tail_delta(pmf, h):  # pragma: no cover - numba
     return out
 
 
+@gated("pmf")
 @njit(cache=True)
 def _epsilon_for(pmf, offset, h, target):  # pragma: no cover - numba
     """Solve sum_k pmf_k (1 - e^{eps - ell_k})_+ = target for eps (exact on the grid).
@@ -288,6 +292,7 @@ def _epsilon_for(pmf, offset, h, target):  # pragma: no cover - numba
     return base + math.log((s0 - target) / w)
 
 
+@gated("pmf")
 @njit(cache=True)
 def _log_mgf(pmf, offset, h, lam):  # pragma: no cover - numba
     """An upper bound on log sum_k pmf_k e^{lam ell_k}, tight to ~1e-12 relative.

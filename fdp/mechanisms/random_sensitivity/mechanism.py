@@ -21,6 +21,7 @@ __all__ = ["RandomSensitivityBase", "RandomSensitivityGaussian"]
 class RandomSensitivityBase(Mechanism):
     """Shared implementation of (2)-(3) given ``law()``."""
 
+    kernel_groups = ("jl",)
     noise_multiplier: float
     sampling_rate: float
 
