@@ -48,7 +48,10 @@ _helpers: list[subprocess.Popen] = []
 
 
 def _forget() -> None:
-    """In a forked child: the parent's helpers report to the parent, not here."""
+    """In a forked child: the parent's helpers report to the parent, not here (and a lock
+    a parent's thread held at the fork would never be released)."""
+    global _lock
+    _lock = threading.Lock()
     _seen.clear()
     _done.clear()
     _helpers.clear()
@@ -171,10 +174,13 @@ def _listen(proc: subprocess.Popen, events: dict[str, threading.Event]) -> None:
 
 
 def wait_for(group: str) -> None:
-    """Wait (at most :data:`WAIT_SECONDS`) until a helper compiling ``group`` is done with it."""
+    """Wait (at most :data:`WAIT_SECONDS`, once) until a helper compiling ``group`` is done with it.
+
+    A helper that has not reported by then is given up on for the group: later calls
+    do not wait again (this process compiles what it still needs itself)."""
     event = _done.get(group)
-    if event is not None:
-        event.wait(WAIT_SECONDS)
+    if event is not None and not event.wait(WAIT_SECONDS):
+        event.set()
 
 
 @atexit.register
