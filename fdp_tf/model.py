@@ -169,15 +169,15 @@ class PrivateModel(keras.Model):
         Losses from ``add_loss`` or ``activity_regularizer`` depend on the examples; their
         gradient would bypass the per-example clipping, so they are refused.
         """
-        data_losses = [loss for layer in self._flatten_layers(include_self=True)
-                       for loss in layer._get_own_losses()]
-        if data_losses:
+        # public API only: Layer.losses holds the add_loss / activity losses of every layer
+        # and, after them, one penalty per regularized trainable weight
+        extra = [v.regularizer(v) for v in self.trainable_weights if v.regularizer is not None]
+        if len(self.losses) > len(extra):
             raise ValueError(
                 "the model adds losses with add_loss or activity_regularizer; they depend on the "
                 "examples, and their gradient would not be clipped per example. Put such terms "
                 "into the per-example loss, or use weight regularizers (kernel_regularizer, ...)"
             )
-        extra = self._get_regularization_losses()
         if not extra:
             return None
         # gradients of all replicas are summed: each adds its share of the penalty

@@ -191,6 +191,61 @@ def test_data_dependent_losses_are_refused() -> None:
         model.fit(data, epochs=1, verbose=0)
 
 
+class _AddsLoss(keras.layers.Layer):
+    """A layer whose add_loss term depends on the examples (its input)."""
+
+    def call(self, inputs):
+        self.add_loss(0.1 * keras.ops.mean(inputs ** 2))
+        return inputs
+
+
+def test_add_loss_inside_a_nested_layer_is_refused() -> None:
+    inner = keras.Sequential([keras.Input((5,)), keras.Sequential([_AddsLoss(), keras.layers.Dense(4)]),
+                              keras.layers.Dense(2)])
+    model = fdp_tf.make_private(
+        inner, optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+    )
+    x, y = dense_data(n=32, classes=2)
+    data = fdp_tf.poisson_batches(x, y, expected_batch_size=8, steps_per_epoch=1, seed=0)
+    with pytest.raises(ValueError, match="add_loss"):
+        model.fit(data, epochs=1, verbose=0)
+
+
+def test_the_weight_penalty_is_the_sum_of_the_regularizers() -> None:
+    """kernel and bias regularizers of nested layers, each counted once; none without them."""
+    inner = keras.Sequential([keras.Input((5,)),
+                              keras.Sequential([keras.layers.Dense(4, kernel_regularizer=keras.regularizers.L2(0.3),
+                                                                   bias_regularizer=keras.regularizers.L1(0.2),
+                                                                   bias_initializer="ones")]),
+                              keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L1(0.5))])
+    model = fdp_tf.make_private(
+        inner, optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+    )
+    w1, b1 = (v.numpy() for v in inner.layers[0].layers[0].weights)
+    w2 = inner.layers[1].kernel.numpy()
+    expected = 0.3 * np.sum(w1 ** 2) + 0.2 * np.sum(np.abs(b1)) + 0.5 * np.sum(np.abs(w2))
+    assert float(model._regularization()) == pytest.approx(expected, rel=1e-6)
+    plain = fdp_tf.make_private(
+        keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)]),
+        optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+    )
+    assert plain._regularization() is None
+
+
+def test_fdp_tf_calls_no_private_keras_method() -> None:
+    """The adapter uses Keras's public API only (names Keras keeps private may change)."""
+    import pathlib
+    import re
+
+    source = "\n".join(p.read_text() for p in pathlib.Path(fdp_tf.__file__).parent.glob("*.py"))
+    private = set(re.findall(r"\b(?:layer|model|self|inner|keras[.\w]*)\.(_(?:get|flatten|tracker|losses)\w*)",
+                             source))
+    assert private == set(), f"private Keras names used: {sorted(private)}"
+
+
 @pytest.mark.parametrize("method", ["vectorized", "loop", "layerwise"])
 def test_weight_regularizer_trains_with_every_exact_method(method: str) -> None:
     inner = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, kernel_regularizer="l2"),
