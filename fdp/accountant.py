@@ -286,7 +286,7 @@ class PLDAccountant:
     def composed_pld(self, direction: Direction | str = "remove", *, pessimistic: bool = True,
                      tail_mass: float = 1e-15) -> DiscretePLD:
         """The composed discrete PLD of one direction (upper or lower bound)."""
-        self._start_query()
+        self._start_query(optimistic=not pessimistic)
         return self._side(Direction(direction), bool(pessimistic), tail_mass)
 
     def tradeoff(self):
@@ -294,7 +294,7 @@ class PLDAccountant:
         (:func:`fdp.tradeoff.epsilon_delta.composed_tradeoff`)."""
         from fdp.tradeoff.epsilon_delta import composed_tradeoff
 
-        self._start_query()
+        self._start_query(optimistic=False)
         return composed_tradeoff({d: self.composed_pld(d, pessimistic=True) for d in self._directions()})
 
     # ----------------------------------------------------------- persistence
@@ -317,13 +317,14 @@ class PLDAccountant:
         return acc
 
     # ------------------------------------------------------------- internals
-    def _start_query(self) -> None:
+    def _start_query(self, optimistic: bool = True) -> None:
         """Refuse an empty accountant; on a cold Numba cache, let helpers compile the
-        kernels this query needs after its first group (:mod:`fdp._kernels.prefetch`)."""
+        kernels this query needs after its first group (:mod:`fdp._kernels.prefetch`);
+        ``optimistic``: whether it composes optimistic PLDs (the merging sweep)."""
         if not self._events:
             raise ValueError("the accountant is empty: call compose(mechanism, steps) first")
         groups = [g for m, _ in self._grouped() for g in m.kernel_groups]
-        prefetch.start([*groups, *prefetch.QUERY_GROUPS])
+        prefetch.start([*groups, "pmf", *(["merge"] if optimistic else [])])
 
     def _focus_keys(self, direction: Direction, focus: tuple[float, float] | None) -> tuple:
         """What of ``focus`` each mechanism's cells depend on (all None: nothing)."""

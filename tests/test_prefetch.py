@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -43,10 +44,19 @@ def fresh_state(monkeypatch):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        _wait_closed(proc)
     prefetch._forget()
     prefetch._seen.update(saved[0])
     prefetch._done.update(saved[1])
     prefetch._helpers.extend(saved[2])
+
+
+def _wait_closed(proc, seconds: float = 5.0) -> bool:
+    """Whether the listener closes the helper's pipe within ``seconds`` of its end."""
+    end = time.perf_counter() + seconds
+    while not proc.stdout.closed and time.perf_counter() < end:
+        time.sleep(0.01)
+    return proc.stdout.closed
 
 
 def test_a_helper_compiles_exactly_what_the_queries_then_load(tmp_path):
@@ -217,3 +227,58 @@ def test_a_child_forked_while_the_lock_is_held_can_still_start(fresh_state):
     with os.fdopen(read) as child:
         assert child.read() == "acquired"
     os.waitpid(pid, 0)
+
+
+def test_the_listener_closes_a_finished_helpers_pipe(fresh_state, monkeypatch):
+    monkeypatch.setattr(prefetch, "_spawn", _fake_helper("print('compiled merge')"))
+    monkeypatch.setattr(prefetch, "cold_groups", lambda groups: list(groups))
+    monkeypatch.setattr(prefetch, "_spare_cores", lambda: 1)
+    monkeypatch.delenv("FDP_PREFETCH", raising=False)
+    prefetch.start(["pmf", "merge"])
+    prefetch.wait_for("merge")
+    (proc,) = prefetch._helpers
+    assert _wait_closed(proc)
+
+
+def test_queries_hand_over_only_the_groups_they_use(fresh_state, monkeypatch):
+    """A pessimistic composed PLD or a tradeoff curve never runs the merging sweep: handing
+    it to a helper would start one on every run (killed at exit before it is cached)."""
+    asked = []
+    monkeypatch.setattr(prefetch, "start", lambda groups: asked.append(list(groups)))
+    import fdp
+
+    acc = fdp.dpsgd(noise_multiplier=1.0, batch_size=64, dataset_size=6400, epochs=1)
+    acc.composed_pld("remove", pessimistic=True)
+    acc.tradeoff()
+    assert all("merge" not in groups for groups in asked) and asked
+    asked.clear()
+    acc.composed_pld("remove", pessimistic=False)
+    acc.get_epsilon_bounds(1e-5)
+    acc.get_delta_bounds(1.0)
+    assert [groups[-1] for groups in asked] == ["merge"] * 3
+    jl = fdp.dpsgd(noise_multiplier=1.0, batch_size=64, dataset_size=6400, epochs=1, jl_projections=5)
+    asked.clear()
+    jl.composed_pld("add", pessimistic=True)
+    assert asked == [["jl", "pmf"]]
+
+
+def test_a_helper_imports_nothing_from_the_working_directory(tmp_path):
+    """A package named fdp in the working directory (which `python -c` puts first on the
+    path) must not run in a helper, whatever flags the parent ran with."""
+    (tmp_path / "fdp").mkdir()
+    marker = tmp_path / "ran"
+    (tmp_path / "fdp" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    script = tmp_path / "parent" / "start.py"
+    script.parent.mkdir()
+    repo = str(pathlib.Path(prefetch.__file__).resolve().parents[2])
+    script.write_text(
+        f"import sys; sys.path.insert(0, {repo!r})\n"
+        "from fdp._kernels import prefetch\n"
+        "proc = prefetch._spawn([])\n"
+        "print(proc.wait(), proc.stdout.read() == '')\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True"]
+    assert not marker.exists()

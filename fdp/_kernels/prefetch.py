@@ -12,8 +12,15 @@ compiling it.
 A helper only fills the cache with the code this process would have compiled
 itself, so no result can depend on it. It is started only when a group's kernels
 have no cache entry, never by a helper, and never when ``FDP_PREFETCH=0``; a helper
-that fails or takes longer than :data:`WAIT_SECONDS` is simply not waited for (this
-process then compiles the kernel itself).
+that fails or takes longer than :data:`WAIT_SECONDS` is given up on (this process then
+compiles the kernel itself).
+
+Where helpers lose: several cold processes started together (``pytest -n`` on a fresh
+clone) each start their own, so more compilers than cores run at once (measured: two cold
+Gaussian queries side by side on 2 cores took 6.1-6.6 s each, 4.1-4.4 s with
+``FDP_PREFETCH=0``). A helper is killed when its process exits normally; one whose
+process is killed (a terminated ``multiprocessing`` worker) finishes its group first,
+about a second.
 """
 
 from __future__ import annotations
@@ -29,13 +36,12 @@ from typing import Any
 
 import numba
 
-__all__ = ["GROUPS", "QUERY_GROUPS", "gated", "start", "wait_for", "cold_groups", "compile_group"]
+__all__ = ["GROUPS", "gated", "start", "wait_for", "cold_groups", "compile_group"]
 
-#: The kernel groups: a mechanism's own (``jl``: the JL mechanism's cells) and the two
-#: every query needs, in this order (:data:`QUERY_GROUPS`): ``pmf`` for the plan, the
-#: composition and the queries, ``merge`` for the optimistic discretisation.
+#: The kernel groups: a mechanism's own (``jl``: the JL mechanism's cells), then, in the
+#: order a query needs them, ``pmf`` (plan, composition and queries) and ``merge`` (the
+#: optimistic discretisation, only for queries that compose optimistic PLDs).
 GROUPS = ("jl", "pmf", "merge")
-QUERY_GROUPS = ("pmf", "merge")
 
 #: The longest this process waits for a helper's group before compiling it itself.
 WAIT_SECONDS = 30.0
@@ -148,8 +154,10 @@ def _spawn(groups: list[str]) -> subprocess.Popen | None:
     """A helper for ``groups`` that imports this very fdp (it checks, and does nothing if
     another one comes first on its path)."""
     here = str(Path(__file__).resolve())
-    root = str(Path(here).parents[2])  # the directory this fdp is imported from, put LAST on
-    code = (f"import sys; sys.path.append({root!r}); "  # the path: never shadows the standard library
+    root = str(Path(here).parents[2])  # the directory this fdp is imported from
+    # `-c` puts the working directory first on the path: drop it (nothing of it may be
+    # imported, whatever flags this process ran with) and put fdp's directory last
+    code = (f"import sys; sys.path[:] = [p for p in sys.path if p != ''] + [{root!r}]; "
             "from fdp._kernels.prefetch import _helper_main; _helper_main(sys.argv[1], sys.argv[2:])")
     env = {**os.environ, "FDP_PREFETCH": "0"}
     if numba.config.CACHE_DIR:  # the cache this process reads, even if set in code
@@ -164,10 +172,11 @@ def _spawn(groups: list[str]) -> subprocess.Popen | None:
 def _listen(proc: subprocess.Popen, events: dict[str, threading.Event]) -> None:
     """Set each group's event when the helper reports it; all of them when it ends."""
     assert proc.stdout is not None
-    for line in proc.stdout:
-        word = line.split()
-        if len(word) == 2 and word[0] == "compiled" and word[1] in events:
-            events[word[1]].set()
+    with proc.stdout:
+        for line in proc.stdout:
+            word = line.split()
+            if len(word) == 2 and word[0] == "compiled" and word[1] in events:
+                events[word[1]].set()
     proc.wait()
     for event in events.values():
         event.set()
