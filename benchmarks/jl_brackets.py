@@ -28,7 +28,7 @@ SETTINGS = [(0.6, r, SEED_P, 1465, 1e-5) for r in (5, 10, 20, 30)] + [
 CALIBRATIONS = [(10, 8.0), (30, 4.0), (5, 20.0)]
 #: (sigma, r, p, T, epsilon) of the delta queries.
 DELTA_SETTINGS = [(0.6, 2, 0.01, 1, 1e4), (0.6, 2, 0.01, 100, 1e5), (0.6, 1, 0.05, 1, 1e6),
-                  (0.6, 10, SEED_P, 1465, 47.0)]
+                  (0.6, 10, SEED_P, 1465, 47.0), (0.7573823938936274, 3, 0.01, 44, 4e5)]
 
 
 def _clear_caches() -> None:

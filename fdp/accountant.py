@@ -34,7 +34,8 @@ from fdp._validation import check_integer, check_real
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.capped import capped_lower_epsilon
-from fdp.pld.compose import MAX_FFT_POINTS, compose, saddle_tilt
+from fdp.pld.capped_compose import compose_for_query
+from fdp.pld.compose import MAX_FFT_POINTS, saddle_tilt
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
 from fdp.pld.plan import GridPlan, composed_sd, grid_plan, query_cap
 from fdp.pld.pmf import DiscretePLD
@@ -361,8 +362,8 @@ class PLDAccountant:
                self._focus_keys(direction, focus))
         if key not in self._cache:
             parts = self._parts(direction, pessimistic, tail_mass, level, focus)
-            self._cache[key] = compose(parts, pessimistic=pessimistic, tail_mass=tail_mass,
-                                       max_points=self.max_points, tilt=tilt)
+            self._cache[key] = compose_for_query(parts, focus, query_cap(focus), pessimistic=pessimistic,
+                                                 tail_mass=tail_mass, max_points=self.max_points, tilt=tilt)
         return self._cache[key]
 
     def _cells(self, mechanism: Mechanism, direction: Direction, grid: Grid, pessimistic: bool,

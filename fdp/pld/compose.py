@@ -165,12 +165,7 @@ def compose(
       A :class:`DiscretePLD` with ``bound`` = +1 (pessimistic) or -1, whose
       ``delta``/``epsilon`` include every charge (wrap-around, proven round-off).
     """
-    components = [(pld, int(c)) for pld, c in components if int(c) > 0]
-    if not components:
-        raise ValueError("compose needs at least one (pld, count) with count >= 1")
-    h = components[0][0].h
-    if any(not math.isclose(pld.h, h, rel_tol=1e-12) for pld, _ in components):
-        raise ValueError("all PLDs must be discretised with the same grid spacing h")
+    components, h = checked_components(components, "compose")
     side = 1 if pessimistic else -1
     if len(components) == 1 and components[0][1] == 1:
         return _single_step(components[0][0], side)  # no FFT, no round-off
@@ -316,6 +311,18 @@ def _tilted_inputs(components, tilt: float):
         out.append((DiscretePLD(h=pld.h, offset=pld.offset, pmf=q), count))
         log_scale += count * k
     return out, log_scale, kappa
+
+
+def checked_components(components: Sequence[tuple[DiscretePLD, int]],
+                       caller: str) -> tuple[list[tuple[DiscretePLD, int]], float]:
+    """The (pld, count) pairs with count >= 1, and their common grid spacing h."""
+    components = [(pld, int(c)) for pld, c in components if int(c) > 0]
+    if not components:
+        raise ValueError(f"{caller} needs at least one (pld, count) with count >= 1")
+    h = components[0][0].h
+    if any(not math.isclose(pld.h, h, rel_tol=1e-12) for pld, _ in components):
+        raise ValueError("all PLDs must be discretised with the same grid spacing h")
+    return components, h
 
 
 def _sum_error(points: int) -> float:
