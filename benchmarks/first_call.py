@@ -9,7 +9,7 @@ again (the kernels are loaded); "cold, FDP_PREFETCH=0" compiles everything in th
 process (no helper: :mod:`fdp._kernels.prefetch`). Also the time of `fdp warmup` on an empty cache.
 
 Usage:
-  python benchmarks/first_call.py [--repeats 2]
+  python benchmarks/first_call.py [--repeats 2] [--kernels] [--floor] [--concurrent 2]
   PYTHONPATH=/path/to/other/checkout python benchmarks/first_call.py   # the same for another version
 """
 
@@ -72,10 +72,53 @@ def kernels(query: str) -> str:
                               env={**os.environ, "NUMBA_CACHE_DIR": cache}, check=True, cwd=cache).stdout
 
 
+FLOOR_IMPORT = "import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+FLOOR_LOAD = """
+import time
+import numpy as np
+from fdp.pld.pmf import DiscretePLD
+pld = DiscretePLD(h=0.5, offset=-4, pmf=np.full(9, 0.1), p_inf=0.0)
+t0 = time.perf_counter(); pld.mean(); t1 = time.perf_counter(); pld.log_mgf(np.array([1.0]))
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def floor(cache: str) -> None:
+    """What a warm process pays before any fdp code runs: each big import alone, and the
+    first and second kernel loaded from a warm cache (Numba loads its registries once)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+    for module in ("numpy", "scipy.special", "numba", "fdp"):
+        out = subprocess.run([sys.executable, "-c", FLOOR_IMPORT.format(module=module)], capture_output=True,
+                             text=True, env=env, check=True, cwd=cache).stdout
+        print(f"import {module} alone: {float(out):.2f} s")
+    for _ in range(2):  # the first run fills the cache
+        out = subprocess.run([sys.executable, "-c", FLOOR_LOAD], capture_output=True, text=True, env=env,
+                             check=True, cwd=cache).stdout
+    first, second = (float(v) for v in out.split())
+    print(f"warm cache: first kernel loaded in {first:.3f} s, the second in {second:.4f} s")
+
+
+def concurrent(query: str, processes: int, **env: str) -> list[float]:
+    """Process wall times of ``processes`` cold queries started together on one empty cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        start = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-c", SCRIPT.format(query=query)], stdout=subprocess.DEVNULL,
+                                  env={**os.environ, "NUMBA_CACHE_DIR": cache, **env}, cwd=cache)
+                 for _ in range(processes)]
+        walls = []
+        for proc in procs:
+            proc.wait()
+            walls.append(time.perf_counter() - start)
+    return walls
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2, help="cold/warm pairs per query (the median is shown)")
     ap.add_argument("--kernels", action="store_true", help="also: compile seconds per kernel of each cold query")
+    ap.add_argument("--floor", action="store_true", help="also: the start-up a warm process pays before fdp runs")
+    ap.add_argument("--concurrent", type=int, default=0, metavar="K",
+                    help="also: K cold Gaussian queries started together, with helpers and with FDP_PREFETCH=0")
     args = ap.parse_args()
     print("| query | cache | import (s) | query (s) | process (s) |")
     print("|---|---|---:|---:|---:|")
@@ -90,6 +133,14 @@ def main() -> None:
         for kind, values in rows.items():
             med = [sorted(v[i] for v in values)[len(values) // 2] for i in range(3)]
             print(f"| {name} | {kind} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")
+    if args.floor:
+        with tempfile.TemporaryDirectory() as cache:
+            floor(cache)
+    if args.concurrent:
+        for label, env in (("helpers", {}), ("FDP_PREFETCH=0", {"FDP_PREFETCH": "0"})):
+            walls = concurrent(QUERY["Gaussian"], args.concurrent, **env)
+            print(f"{args.concurrent} cold Gaussian queries together ({label}): "
+                  + ", ".join(f"{w:.2f}" for w in walls) + " s")
     if args.kernels:
         for name, query in QUERY.items():
             print(f"cold {name}, compile seconds per kernel (callees included):")

@@ -16,9 +16,9 @@ that fails or takes longer than :data:`WAIT_SECONDS` is given up on (this proces
 compiles the kernel itself).
 
 Where helpers lose: several cold processes started together (``pytest -n`` on a fresh
-clone) each start their own, so more compilers than cores run at once (measured: two cold
-Gaussian queries side by side on 2 cores took 6.1-6.6 s each, 4.1-4.4 s with
-``FDP_PREFETCH=0``). A helper is killed when its process exits normally; one whose
+clone) each start their own, so more compilers than cores run at once (two cold Gaussian
+queries started together on 2 cores: 5.1 s each, 4.0 s with ``FDP_PREFETCH=0``;
+``python benchmarks/first_call.py --concurrent 2``). A helper is killed when its process exits normally; one whose
 process is killed (a terminated ``multiprocessing`` worker) finishes its group first,
 about a second.
 """

@@ -177,20 +177,6 @@ def test_mixed_precision_is_refused_with_a_clear_error() -> None:
         )
 
 
-def test_data_dependent_losses_are_refused() -> None:
-    """An activity regularizer's gradient depends on the examples and is not clipped."""
-    inner = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activity_regularizer="l2"),
-                              keras.layers.Dense(2)])
-    model = fdp_tf.make_private(
-        inner, optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
-    )
-    x, y = dense_data(n=32, classes=2)
-    data = fdp_tf.poisson_batches(x, y, expected_batch_size=8, steps_per_epoch=1, seed=0)
-    with pytest.raises(ValueError, match="activity_regularizer"):
-        model.fit(data, epochs=1, verbose=0)
-
-
 class _AddsLoss(keras.layers.Layer):
     """A layer whose add_loss term depends on the examples (its input)."""
 
@@ -199,16 +185,21 @@ class _AddsLoss(keras.layers.Layer):
         return inputs
 
 
-def test_add_loss_inside_a_nested_layer_is_refused() -> None:
-    inner = keras.Sequential([keras.Input((5,)), keras.Sequential([_AddsLoss(), keras.layers.Dense(4)]),
-                              keras.layers.Dense(2)])
+@pytest.mark.parametrize("data_loss", [
+    lambda: keras.layers.Dense(4, activity_regularizer="l2"),
+    # nested, beside a weight regularizer: the penalties must not mask the data-dependent term
+    lambda: keras.Sequential([_AddsLoss(), keras.layers.Dense(4, kernel_regularizer="l2")]),
+], ids=["activity_regularizer", "nested_add_loss"])
+def test_data_dependent_losses_are_refused(data_loss) -> None:
+    """Their gradient depends on the examples and would not be clipped per example."""
+    inner = keras.Sequential([keras.Input((5,)), data_loss(), keras.layers.Dense(2)])
     model = fdp_tf.make_private(
         inner, optimizer=fdp_tf.DPAdamVanilla(l2_norm_clip=1.0, noise_multiplier=0.5),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
     )
     x, y = dense_data(n=32, classes=2)
     data = fdp_tf.poisson_batches(x, y, expected_batch_size=8, steps_per_epoch=1, seed=0)
-    with pytest.raises(ValueError, match="add_loss"):
+    with pytest.raises(ValueError, match="add_loss or activity_regularizer"):
         model.fit(data, epochs=1, verbose=0)
 
 
