@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 
 from fdp._kernels import prefetch
 from fdp._validation import check_integer, check_real
@@ -35,17 +34,18 @@ from fdp.mechanisms.base import Mechanism, mechanism_from_dict
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.capped import capped_lower_epsilon
 from fdp.pld.capped_compose import compose_for_query
-from fdp.pld.compose import MAX_FFT_POINTS, saddle_tilt
+from fdp.pld.chernoff import chernoff_epsilon, saddle_tilt
+from fdp.pld.compose import MAX_FFT_POINTS
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
 from fdp.pld.plan import GridPlan, composed_sd, grid_plan, query_cap
 from fdp.pld.pmf import DiscretePLD
 from fdp.pld.refinement import PassResult, delta_pass, epsilon_pass
 from fdp.pld.queries import (
     check_certifiable_delta,
-    may_exceed,
     reported,
     round_off_matters,
     round_off_moves_epsilon,
+    support_top,
     tail_budget,
 )
 
@@ -191,15 +191,15 @@ class PLDAccountant:
                       if round_off_moves_epsilon(pld, delta, rtol, result.upper)
                       or (key[1] and not math.isfinite(result.uppers[key[0]]))]
             # tilt those sides' FFTs towards their direction's eps found (or a Chernoff bound on it)
-            aims = {k: self._tilt(k, result.uppers[k] if math.isfinite(result.uppers[k]) else
-                                  self._chernoff_epsilon(k, delta, tail), tail) for k, _ in moving}
-            new = {key: aims[key[0]] for key in moving}
+            aims = {k: result.uppers[k] if math.isfinite(result.uppers[k]) else
+                    chernoff_epsilon(self._parts(k, True, tail, 0), delta) for k, _ in moving}
+            new = {(k, s): self._tilt(k, aims[k], tail, s) for k, s in moving}
             if all(tilts.get(key) == t for key, t in new.items()):
                 break  # nothing moves, or the same tilts again
             tilts = {**tilts, **new}
             # every side starts where it did best (and keeps that bound): the coarser levels were not enough
             result = self._epsilon_pass(delta, tail, rtol, tilts, focus, start=result.best)
-        lo, hi = result.lower, result.upper
+        lo, hi = result.lower, min(result.upper, self._support_top(tail, result.best))
         if self.grid_spacing is None and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
             lo = max(lo, self._capped_lower(result.leading, delta, tail, lo, hi))
         return reported(lo, hi, delta, rtol, fixed_grid=self.grid_spacing is not None)
@@ -215,19 +215,9 @@ class PLDAccountant:
         return epsilon_pass(side, self._directions(), delta, rtol, self.max_refinements,
                             refine=self.grid_spacing is None, start=start)
 
-    def _tilt(self, direction: Direction, epsilon: float, tail: float) -> float:
+    def _tilt(self, direction: Direction, epsilon: float, tail: float, pessimistic: bool) -> float:
         """Saddle-point tilt for ``epsilon`` of one direction's composition (level 0 grid)."""
-        return saddle_tilt(self._parts(direction, True, tail, 0), epsilon)
-
-    def _chernoff_epsilon(self, direction: Direction, delta: float, tail: float) -> float:
-        """An eps with P(L_T > eps) <= delta by Chernoff (an upper bound on the answer)."""
-        parts = self._parts(direction, True, tail, 0)
-        var = sum(c * pld.variance() for pld, c in parts)
-        lam = np.logspace(-4, 4, 161) / max(math.sqrt(var), 1e-12)
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            eps = (sum(c * pld.log_mgf(lam) for pld, c in parts) - math.log(delta)) / lam
-        eps = eps[np.isfinite(eps)]
-        return float(eps.min()) if eps.size else math.inf
+        return saddle_tilt(self._parts(direction, True, tail, 0), epsilon, below_top=not pessimistic)
 
     def _capped_lower(self, direction: Direction, delta: float, tail_mass: float,
                       lower: float, upper: float) -> float:
@@ -256,9 +246,11 @@ class PLDAccountant:
         """
         epsilon = check_real("epsilon", epsilon, low=0.0)
         self._start_query()
+        tail = 1e-15
+        if epsilon >= self._support_top(tail, {}):
+            return 0.0, 0.0  # no composed loss exceeds epsilon: delta is exactly 0
         rtol = self.epsilon_rtol
         tilts: dict[tuple[Direction, bool], float] = {}
-        tail = 1e-15
         result = self._delta_pass(epsilon, rtol, tilts, tail)
         focus = None
         if not result.converged and self._focusable((epsilon, epsilon), tail):
@@ -268,11 +260,11 @@ class PLDAccountant:
             # the round-off (or the tails) are not small against delta: tilt the FFTs
             # towards epsilon, with tails cut in proportion to delta
             tail = min(1e-15, tail_budget(result.lower if result.lower > 0.0 else 1e-300))
-            tilts = {(k, s): self._tilt(k, epsilon, tail) for k in self._directions() for s in (True, False)}
+            tilts = {(k, s): self._tilt(k, epsilon, tail, s) for k in self._directions() for s in (True, False)}
             result = self._delta_pass(epsilon, rtol, tilts, tail, focus, start=result.best)
         lo, hi = result.lower, result.upper
-        if hi == 0.0 and any(may_exceed(self._parts(d, True, 1e-15, 0), epsilon) for d in self._directions()):
-            hi = math.ulp(0.0)  # delta > 0 but below float64's range: the least positive float bounds it
+        if hi == 0.0:  # some composed loss may exceed epsilon: delta > 0, below float64's range
+            hi = math.ulp(0.0)  # the least positive float bounds it
         return lo, hi
 
     def _delta_pass(self, epsilon: float, rtol: float, tilts: dict, tail: float,
@@ -379,6 +371,13 @@ class PLDAccountant:
         if key not in self._cache:
             self._cache[key] = mechanism.loss_cells(direction, grid, pessimistic=pessimistic, focus=focus)
         return self._cache[key]
+
+    def _support_top(self, tail_mass: float, levels: dict) -> float:
+        """The largest composed loss, over both directions (:func:`fdp.pld.queries.support_top`),
+        from the steps on a grid the query has used (its cells are cached): a pessimistic
+        side's level in ``levels`` ({side: (value, level)}), else level 0."""
+        return max(support_top(self._parts(d, True, tail_mass, levels.get((d, True), (0, 0))[1]))
+                   for d in self._directions())
 
     def _moments(self, direction: Direction, tail_mass: float, cap: float | None = None) -> float:
         key = ("sd", direction, tail_mass, cap)

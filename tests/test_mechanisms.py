@@ -568,7 +568,7 @@ def test_mechanisms_doc_examples_run(capsys):
         exec(compile(code, "docs/mechanisms.md", "exec"), {"__name__": "__doc_example__"})
     out = capsys.readouterr().out
     assert "exact 0.117503" in out and "f(0.1) = 0.835128" in out
-    assert "grid through the atoms: [0.430577, 0.430577]" in out
+    assert "delta(4): [0.430577, 0.430577], exact 0.430577" in out and "(0.0, 0.0)" in out
     assert "T(q||p)(0.2) = 0.5" in out
 
 

@@ -37,11 +37,15 @@ Notation: m = P-mass of an atom, l its loss, ell_k the grid points.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fdp.pld.cells import Direction, Grid, LossCells
+from fdp.pld.roundoff import U
 
-__all__ = ["atom_cells", "add_cells", "atom_loss_range", "pair_atoms", "pair_cells", "pair_loss_range"]
+__all__ = ["atom_cells", "add_cells", "atom_loss_range", "pair_atoms", "pair_cells", "pair_loss_error",
+           "pair_loss_range"]
 
 #: Relative widening of a loss range whose ends are atoms, so that rounding in
 #: ``Grid.covering`` can never push the top atom off the grid (it would then be
@@ -49,7 +53,8 @@ __all__ = ["atom_cells", "add_cells", "atom_loss_range", "pair_atoms", "pair_cel
 RANGE_MARGIN = 1e-12
 
 
-def atom_cells(grid: Grid, losses: np.ndarray, masses: np.ndarray, p_inf: float = 0.0) -> LossCells:
+def atom_cells(grid: Grid, losses: np.ndarray, masses: np.ndarray, p_inf: float = 0.0,
+               loss_error: float = 0.0) -> LossCells:
     """Cells of a privacy loss made of atoms (P-masses ``masses`` at ``losses``) plus ``p_inf``.
 
     Vectorised: one ``searchsorted`` for the cell index and ``bincount`` sums.
@@ -59,6 +64,7 @@ def atom_cells(grid: Grid, losses: np.ndarray, masses: np.ndarray, p_inf: float 
       losses: 1-D array of atom losses (finite or +-inf).
       masses: 1-D array of P-masses >= 0, same length.
       p_inf: extra P-mass at +inf.
+      loss_error: a bound on |true loss - ``losses``| of every atom (carried in the cells).
 
     Returns:
       LossCells; atoms at +inf are added to p_inf, atoms at -inf dropped.
@@ -90,6 +96,7 @@ def atom_cells(grid: Grid, losses: np.ndarray, masses: np.ndarray, p_inf: float 
         p_right=float(np.sum(mass[right])),
         u_right=max(u_right, 0.0),
         p_inf=p_inf,
+        loss_error=float(loss_error),
     )
 
 
@@ -106,6 +113,7 @@ def add_cells(a: LossCells, b: LossCells) -> LossCells:
         p_right=a.p_right + b.p_right,
         u_right=a.u_right + b.u_right,
         p_inf=a.p_inf + b.p_inf,
+        loss_error=max(a.loss_error, b.loss_error),
     )
 
 
@@ -168,6 +176,28 @@ def pair_atoms(
     return loss, mass
 
 
+def pair_loss_error(log_p0: np.ndarray, log_p1: np.ndarray, p: float) -> float:
+    """A bound on |computed - exact| of every finite loss of :func:`pair_atoms`.
+
+    The log-masses are within 4u (|log P_i| + 1) of the exact ones (each is a log or a
+    log-sum of the mechanism's parameters); r = lp1 - lp0 adds u |r|; logaddexp(a, b) =
+    max + log1p(e^-|a-b|) has slope <= 1 in each input and adds <= 4u (|result| + 1);
+    log(p) and log1p(-p) are within u of theirs. 16u times the sum of those magnitudes
+    (plus 2) over the atoms covers every term, with room to spare.
+    """
+    lp0 = np.asarray(log_p0, dtype=np.float64)
+    lp1 = np.asarray(log_p1, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        r = lp1 - lp0
+        lam = r if p == 1.0 else np.logaddexp(np.log1p(-p), np.log(p) + r)
+    size = np.abs(lp0) + np.abs(lp1) + np.abs(r) + np.abs(lam)
+    size = size[np.isfinite(size)]
+    if size.size == 0:
+        return 0.0
+    logs = 0.0 if p == 1.0 else abs(math.log(p)) + abs(math.log1p(-p))
+    return 16.0 * U * (float(np.max(size)) + logs + 2.0)
+
+
 def largest_atom(log_p0: np.ndarray, log_p1: np.ndarray, p: float, direction: Direction) -> float | None:
     """The finite non-zero loss of largest |value| carrying P-mass (a grid anchor), or None."""
     loss, mass = pair_atoms(log_p0, log_p1, p, direction)
@@ -188,4 +218,4 @@ def pair_cells(
 ) -> LossCells:
     """Exact cells of a discrete pair's privacy loss (equation (1) binned by :func:`atom_cells`)."""
     loss, mass = pair_atoms(log_p0, log_p1, p, direction)
-    return atom_cells(grid, loss, mass)
+    return atom_cells(grid, loss, mass, loss_error=pair_loss_error(log_p0, log_p1, p))

@@ -85,6 +85,18 @@ class Mechanism(abc.ABC):
         """
         return None
 
+    def loss_atoms(self, direction: Direction) -> Any:
+        """The finite losses carrying P-mass (a 1-D float64 array) when ``direction``'s loss
+        is made of finitely many atoms (plus, maybe, one at +inf) and ``loss_cells`` bins
+        them exactly; None (the default) when it has a continuous part.
+
+        If all atoms are integer multiples m a of one spacing a, computed exactly
+        (float(m) * a == loss, as the grid computes its points), a grid of spacing a
+        passes through all of them and both discretisations are exact: the accountant
+        then uses it (:func:`fdp.pld.plan.grid_plan`), however small the loss's sd.
+        """
+        return None
+
     def is_null(self) -> bool:
         """True if the two output laws are identical: the privacy loss is exactly 0.
 

@@ -82,6 +82,11 @@ class _DiscretePair(Mechanism):
         """The finite non-zero atom of largest |loss| (see :meth:`Mechanism.grid_anchor`)."""
         return largest_atom(*self._log_pair(), self.sampling_rate, Direction(direction))
 
+    def loss_atoms(self, direction: Direction) -> np.ndarray:
+        """The finite losses of equation (1) with P-mass (see :meth:`Mechanism.loss_atoms`)."""
+        loss, mass = pair_atoms(*self._log_pair(), self.sampling_rate, Direction(direction))
+        return loss[(mass > 0.0) & np.isfinite(loss)]
+
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
         """Smallest and largest finite loss after dropping <= tail_mass of atoms at each end."""
         lp0, lp1 = self._log_pair()

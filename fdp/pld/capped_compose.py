@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.fft
 
-from fdp.pld.compose import _loss_error, _sum_error, checked_components, compose, composed_window
+from fdp.pld.chernoff import composed_window
+from fdp.pld.compose import _loss_error, _sum_error, checked_components, compose, steps_loss_error
 from fdp.pld.pmf import DiscretePLD
 from fdp.pld.roundoff import U, composition_l2_error, spectrum_error_terms
 
@@ -152,7 +153,7 @@ def compose_capped(components: Sequence[tuple[DiscretePLD, int]], cap: float, *,
     assert total is not None
     side = 1 if pessimistic else -1
     common = dict(h=h, offset=total.offset, pmf=total.pmf, bound=side, rel_error=_sum_error(total.pmf.size),
-                  loss_error=_loss_error(total.offset, total.pmf.size, h))
+                  loss_error=_loss_error(total.offset, total.pmf.size, h) + steps_loss_error(components))
     if pessimistic:
         return DiscretePLD(p_inf=min(1.0, total.p_inf), delta_shift=total.error, round_off=total.error, **common)
     return DiscretePLD(p_inf=total.p_inf, delta_shift=-total.error, round_off=total.error, **common)

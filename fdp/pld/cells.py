@@ -17,6 +17,11 @@ is all that the discretisations of :mod:`fdp.pld.discretise` need. The tails:
     p_right = P(ell_n < L < inf), u_right = E_P[(1 - e^{ell_n - L}) ; ell_n < L < inf]
     p_inf   = P(L = +inf)         (mass of P where Q has none)
 
+``loss_error`` bounds how far the true losses of binned atoms may be from the
+float64 values that were binned (logs and log-sums of the output masses err by a
+few ulp); discretisations carry it into :attr:`fdp.pld.pmf.DiscretePLD.loss_error`,
+where it is charged to eps on the safe side.
+
 Notation: x_k = e^{ell_k} is the likelihood ratio dP/dQ at grid point k.
 """
 
@@ -83,6 +88,7 @@ class LossCells:
     p_right: float = 0.0
     u_right: float = 0.0
     p_inf: float = 0.0
+    loss_error: float = 0.0
 
     def __post_init__(self) -> None:
         n = self.grid.n
@@ -109,4 +115,5 @@ class LossCells:
             p_right=a * self.p_right + b * other.p_right,
             u_right=a * self.u_right + b * other.u_right,
             p_inf=a * self.p_inf + b * other.p_inf,
+            loss_error=max(self.loss_error, other.loss_error),
         )

@@ -23,7 +23,7 @@ which could raise it. This keeps the lower bound useful when a heavy upper tail
 forces the window to be cut (``max_points``). Float round-off of the FFT has a
 proven bound (:mod:`fdp.pld.roundoff`), charged to both sides the same way, and
 exponential tilting (``tilt``) makes it relative to delta where delta is tiny.
-The window is chosen so that (2) is below ``tail_mass``.
+The window is chosen so that (2) is below ``tail_mass`` (:mod:`fdp.pld.chernoff`).
 """
 
 from __future__ import annotations
@@ -38,100 +38,15 @@ import scipy.special
 
 from fdp._kernels.low_dft import low_frequency_dft
 from fdp._kernels.power import complex_power
+from fdp.pld.chernoff import composed_window
 from fdp.pld.pmf import DiscretePLD
 from fdp.pld.roundoff import (U, composition_l2_error, delta_error_weight, direct_dft_error, fft_relative_error,
                               spectrum_error_terms)
 
-__all__ = ["compose", "composed_window", "saddle_tilt", "MAX_FFT_POINTS"]
+__all__ = ["compose", "MAX_FFT_POINTS", "steps_loss_error"]
 
 #: Largest FFT the accountant allocates (2^23 points: ~64 MiB per real array).
 MAX_FFT_POINTS = 1 << 23
-
-
-def _log_mgf_sum(components: Sequence[tuple[DiscretePLD, int]], lam: np.ndarray) -> np.ndarray:
-    """sum_c T_c K_c(lam): the log-MGF of the composed (finite) loss, an upper bound."""
-    out = np.zeros_like(lam)
-    for pld, count in components:
-        out += count * pld.log_mgf(lam)
-    return out
-
-
-def _best_chernoff(components, lam: np.ndarray, log_tau: float, upper: bool) -> tuple[float, float, float]:
-    """Over the given lam > 0, the best window end and the lam and log-MGF achieving it.
-
-    Upper tail: t = (K(lam) - log tau) / lam, smallest over lam. Lower tail:
-    t = (log tau - K(-lam)) / lam, largest over lam.
-    """
-    k = _log_mgf_sum(components, lam if upper else -lam)
-    with np.errstate(invalid="ignore", over="ignore"):
-        t = (k - log_tau) / lam if upper else (log_tau - k) / lam
-    t = np.where(np.isfinite(t), t, np.inf if upper else -np.inf)
-    i = int(np.argmin(t) if upper else np.argmax(t))
-    return float(t[i]), float(lam[i]), float(k[i])
-
-
-def saddle_tilt(components: Sequence[tuple[DiscretePLD, int]], epsilon: float) -> float:
-    """The tilt theta > 0 that minimises the Chernoff bound sum_c T_c K_c(theta) - theta eps.
-
-    At that theta the tilted composed law has its mean at eps (the saddle point), so
-    the entries that decide delta(eps) are the bulk of the tilted FFT. Returns 0 when
-    eps is not above the mean of the composed loss (no tilt needed there).
-    """
-    var = sum(c * pld.variance() for pld, c in components)
-    mean = sum(c * pld.mean() for pld, c in components)
-    if not epsilon > mean or var <= 0.0:
-        return 0.0
-    scale = math.sqrt(var)
-    lam = np.logspace(-4, 4, 161) / scale
-    for _ in range(2):  # coarse, then fine around the best
-        with np.errstate(invalid="ignore", over="ignore"):
-            excess = _log_mgf_sum(components, lam) - lam * epsilon
-        excess = np.where(np.isfinite(excess), excess, np.inf)
-        best = float(lam[int(np.argmin(excess))])
-        lam = best * np.logspace(-0.06, 0.06, 25)
-    return best
-
-
-def composed_window(
-    components: Sequence[tuple[DiscretePLD, int]], tail_mass: float, max_points: int | None = None
-) -> tuple[float, float, float, float]:
-    """Loss window [t_lo, t_hi] outside which each tail of the composed PLD is <= tail_mass.
-
-    Returns (t_lo, t_hi, bound_lo, bound_hi) where bound_* are the Chernoff
-    bounds (2) on the mass below t_lo / above t_hi actually achieved. If the
-    window would need more than ``max_points`` grid points (heavy upper tails),
-    its upper end is cut there and bound_hi is the Chernoff bound at the cut:
-    larger than tail_mass, but still charged on the safe side by :func:`compose`.
-    """
-    h = components[0][0].h
-    support_lo = sum(c * pld.offset for pld, c in components) * h
-    support_hi = sum(c * (pld.offset + pld.pmf.size - 1) for pld, c in components) * h
-    var = sum(c * pld.variance() for pld, c in components)
-    scale = max(math.sqrt(var), h)
-    log_tau = math.log(tail_mass)
-    # coarse-to-fine search over lam on a log scale around 1/scale, each tail separately
-    coarse = np.logspace(-2, 3.5, 12) / scale
-    ends = []
-    for upper in (True, False):
-        _, lam0, _ = _best_chernoff(components, coarse, log_tau, upper)
-        ends.append(_best_chernoff(components, lam0 * np.logspace(-0.25, 0.25, 5), log_tau, upper))
-    (t_hi, lam_hi, k_hi), (t_lo, lam_lo, k_lo) = ends
-    t_hi = min(t_hi, support_hi)
-    t_lo = max(t_lo, support_lo)
-    if not (np.isfinite(t_hi) and np.isfinite(t_lo)):
-        t_lo, t_hi = support_lo, support_hi
-    t_hi = max(t_hi, t_lo + h)
-    if max_points is not None and (t_hi - t_lo) / h + 3 > max_points:
-        t_hi = t_lo + (max_points - 3) * h
-        lam = np.logspace(-2, 3.5, 64) / scale
-        with np.errstate(invalid="ignore", over="ignore"):
-            excess = _log_mgf_sum(components, lam) - lam * t_hi
-        i = int(np.nanargmin(np.where(np.isfinite(excess), excess, np.inf)))
-        lam_hi, k_hi = float(lam[i]), float(excess[i] + lam[i] * t_hi)
-    # the bounds actually achieved at the (clipped) window ends
-    bound_hi = 0.0 if t_hi >= support_hi else float(np.exp(min(0.0, k_hi - lam_hi * t_hi)))
-    bound_lo = 0.0 if t_lo <= support_lo else float(np.exp(min(0.0, k_lo + lam_lo * t_lo)))
-    return t_lo, t_hi, bound_lo, bound_hi
 
 
 def compose(
@@ -226,7 +141,7 @@ def compose(
     del full, spectrum
     rel_in = math.expm1(steps * (math.log1p(kappa) - math.log1p(-kappa))) if kappa > 0 else 0.0
     common = dict(h=h, offset=w0, p_inf=p_inf, bound=side,
-                  loss_error=_loss_error(w0, needed, h))
+                  loss_error=_loss_error(w0, needed, h) + steps_loss_error(components))
     if tilt == 0.0:
         out = np.clip(out, 0.0, 1.0)
         round_off = l2_error * delta_error_weight(0.0, h, needed)
@@ -291,7 +206,7 @@ def _recompute_low_frequencies(spectrum: np.ndarray, vector: np.ndarray, l1_norm
 def _single_step(pld: DiscretePLD, side: int) -> DiscretePLD:
     """One step needs no FFT: the discretised PLD itself, with its sums' round-off."""
     return dataclasses.replace(pld, bound=side, rel_error=_sum_error(pld.pmf.size),
-                               loss_error=_loss_error(pld.offset, pld.pmf.size, pld.h))
+                               loss_error=_loss_error(pld.offset, pld.pmf.size, pld.h) + pld.loss_error)
 
 
 def _tilted_inputs(components, tilt: float):
@@ -329,6 +244,12 @@ def _sum_error(points: int) -> float:
     """Relative error of the sums of (1) in pmf.py over ``points`` non-negative terms,
     each with its own few-ulp error (Higham, (4.4))."""
     return 4.0 * (points + 4) * U
+
+
+def steps_loss_error(components: Sequence[tuple[DiscretePLD, int]]) -> float:
+    """sum_c T_c e_c: how far the composed losses may be from the grid's, each step's
+    binned losses being within e_c of its true ones (:attr:`fdp.pld.cells.LossCells.loss_error`)."""
+    return sum(c * pld.loss_error for pld, c in components) * (1 + 4 * U)
 
 
 def _loss_error(offset: int, points: int, h: float) -> float:

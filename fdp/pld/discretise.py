@@ -69,6 +69,7 @@ def discretise_pessimistic(cells: LossCells) -> DiscretePLD:
         offset=cells.grid.offset,
         pmf=pmf,
         p_inf=min(1.0, cells.p_right + cells.p_inf),
+        loss_error=cells.loss_error,
     )
 
 
@@ -81,7 +82,8 @@ def discretise_optimistic(cells: LossCells) -> DiscretePLD:
         pmf = np.zeros(cells.grid.n + 1)
         pmf[:-1] = cells.p_cell
         pmf[-1] = cells.p_right
-        return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf))
+        return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf),
+                           loss_error=cells.loss_error)
     pmf = _merge_sweep(
         h,
         np.ascontiguousarray(cells.p_cell, dtype=np.float64),
@@ -91,7 +93,8 @@ def discretise_optimistic(cells: LossCells) -> DiscretePLD:
         float(cells.p_right),
         float(cells.u_right),
     )
-    return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf))
+    return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf),
+                           loss_error=cells.loss_error)
 
 
 @gated("merge")

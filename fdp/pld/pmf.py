@@ -157,13 +157,23 @@ class DiscretePLD:
 
     def _upper_epsilon(self, delta: float) -> float:
         """c is non-increasing in eps: solving with c frozen at a point below the answer
-        gives an eps where the charged curve is already <= delta."""
+        gives an eps where the charged curve is already <= delta. Where c there is
+        already >= the budget (a tilted charge at the top of the support, at tiny
+        delta), the budget is split: c(eps) <= f * budget at eps >= c^-1(f * budget)
+        (closed form: c is exponential), and (1) <= (1 - f) * budget by the solver."""
         base = delta / (1.0 + self.rel_error) - self.p_inf - self.delta_shift
         below = self._solve(base)  # ignores the charge: <= the answer
         if below == math.inf:
             return math.inf
-        eps = max(self._solve(base - float(self.charge(np.array([below]))[0])), self.eps_from, 0.0)
-        eps += self.loss_error
+        charge = float(self.charge(np.array([below]))[0])
+        if charge < base:
+            eps = self._solve(base - charge)
+        elif self.tilt > 0.0:
+            eps = min(max((self.log_charge - math.log(f * base)) / self.tilt, self._solve((1.0 - f) * base))
+                      for f in (0.5, 0.9, 0.999))
+        else:
+            return math.inf  # a constant charge >= the budget
+        eps = max(eps, self.eps_from, 0.0) + self.loss_error
         step = SOLVER_STEP * max(1.0, eps)
         for _ in range(64):  # the solver's own round-off: step up until the check passes
             if not math.isfinite(eps) or float(self.delta(eps)) <= delta:
