@@ -163,3 +163,14 @@ def test_lattice_spacing_puts_every_atom_exactly_on_a_grid_point(base, multiples
     assert a is not None  # base itself (or a multiple of it) qualifies
     m = np.rint(atoms / a)
     assert np.array_equal(m * a, atoms)  # the grid's own arithmetic: (offset + k) * h
+
+
+def test_a_loss_of_sd_1e_38_gets_a_bounded_tilt_not_a_math_domain_error():
+    """Red team: the saddle tilt was 1e4 / sd = 1e41 here, the tilted inputs' error bound
+    exceeded 1, and compose raised "math domain error". The tilt is now capped (any tilt is
+    sound), and compose reads an error bound >= 1/2 as no bound (inf), not a crash."""
+    mech = fdp.FromDistributions(p_probs=(2.1993132514563863e-171, 1.3223059044469736e-169, 1.0),
+                                 q_probs=(6.659883046501349e-199, 1.4950396255818643e-58, 1.0), sampling_rate=0.01)
+    acc = fdp.PLDAccountant().compose(mech, 13)
+    lo, hi = _quiet(acc.get_epsilon_bounds, 4.074627789710355e-52)
+    assert 0.0 <= lo <= hi < 1e-9  # the bulk of the loss is within 1e-66 of 0

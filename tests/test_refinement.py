@@ -86,3 +86,29 @@ def test_an_infinite_upper_bound_is_not_converged():
     table = {(R, True): {0: float("inf")}, (R, False): {0: 5.0}}
     result = epsilon_pass(_sides(table, []), [R], 1e-5, rtol=1e-3, max_refinements=0, refine=True)
     assert result.upper == float("inf") and not result.converged
+
+
+def test_a_side_is_refined_while_it_moves_by_a_quarter_of_what_the_bracket_lacks():
+    """The upper side is stuck at 10 (a mechanism's own cells, not h); the lower one moves
+    0.011 per halving, less than a quarter of the gap (0.0125) but more than a quarter of
+    what the bracket lacks (0.04 - 0.01): the old rule stopped at 9.961, unconverged, as
+    the JL mechanism's lower side was at r = 30, T = 8, p = 0.125 (moves 7e-4, 7.5e-4, 1.2e-3)."""
+    table = {(R, True): {0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0},
+             (R, False): {0: 9.95, 1: 9.961, 2: 9.972, 3: 9.995}}
+    result = epsilon_pass(_sides(table, []), [R], 1e-5, rtol=1e-3, max_refinements=3, refine=True)
+    assert result.converged and (result.lower, result.upper) == (9.995, 10.0)
+
+
+def test_the_mnist_example_setting_converges_within_the_tolerance():
+    """JL r = 30, 8 steps at p = 1/8 (examples/mnist_cnn.py on its synthetic data): the
+    bracket was [3.38615, 3.39031], 1.2e-3 wide, with a warning whose advice (more
+    refinements) did not help; the lower side converges at level 3."""
+    import warnings
+
+    import fdp
+
+    acc = fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=1.1, jl_projections=30, sampling_rate=0.125), 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lower, upper = acc.get_epsilon_bounds(1e-5)
+    assert upper - lower <= 1e-3 * upper

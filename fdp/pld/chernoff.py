@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fdp.pld.pmf import DiscretePLD
+from fdp.pld.roundoff import U
 
 __all__ = ["chernoff_epsilon", "composed_window", "saddle_tilt"]
 
@@ -96,6 +97,7 @@ def saddle_tilt(components: Sequence[tuple[DiscretePLD, int]], epsilon: float, *
         epsilon = min(epsilon, sum(c * (pld.offset + _last_nonzero(pld.pmf)) for pld, c in components) * h - 0.5 * h)
     if not epsilon > mean or var <= 0.0:
         return 0.0
+
     def excess(lam: np.ndarray) -> np.ndarray:
         return _log_mgf_sum(components, lam) - lam * epsilon
 
@@ -104,7 +106,19 @@ def saddle_tilt(components: Sequence[tuple[DiscretePLD, int]], epsilon: float, *
     lam = best * np.logspace(-0.06, 0.06, 25)  # fine, around the best
     with np.errstate(invalid="ignore", over="ignore"):
         values = excess(lam)
-    return float(lam[int(np.argmin(np.where(np.isfinite(values), values, np.inf)))])
+    best = float(lam[int(np.argmin(np.where(np.isfinite(values), values, np.inf)))])
+    return min(best, _largest_tilt(components))
+
+
+def _largest_tilt(components: Sequence[tuple[DiscretePLD, int]]) -> float:
+    """A tilt theta whose inputs' relative error stays small: each tilted entry's log,
+    log p + theta l, is computed within 8u (|theta l| + ...), and the T-fold product
+    multiplies that error by 2T (:func:`fdp.pld.compose.compose`); theta <= this keeps
+    16 u T theta max|l| <= 1e-2. (A loss of sd 1e-38 asked for theta = 1e41, and the
+    error bound exceeded 1.) Any theta gives sound results: this only keeps them useful."""
+    steps = sum(c for _, c in components)
+    extent = max(max(abs(pld.offset), abs(pld.offset + pld.pmf.size)) * pld.h for pld, _ in components)
+    return 1e-2 / (16.0 * U * steps * max(extent, components[0][0].h))
 
 
 def _last_nonzero(pmf: np.ndarray) -> int:

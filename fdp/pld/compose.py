@@ -139,7 +139,9 @@ def compose(
     l2_error = composition_l2_error(ratio_sum, log_product, steps, len(components), n_fft,
                                     float(np.linalg.norm(full)) * (1 + 4 * U * math.sqrt(n_fft)), flushed)
     del full, spectrum
-    rel_in = math.expm1(steps * (math.log1p(kappa) - math.log1p(-kappa))) if kappa > 0 else 0.0
+    # (a tilt so large that the inputs' error bound reaches 1/2 leaves no useful bound: inf)
+    rel_in = (math.inf if kappa >= 0.5 else
+              math.expm1(steps * (math.log1p(kappa) - math.log1p(-kappa))) if kappa > 0 else 0.0)
     common = dict(h=h, offset=w0, p_inf=p_inf, bound=side,
                   loss_error=_loss_error(w0, needed, h) + steps_loss_error(components))
     if tilt == 0.0:

@@ -11,7 +11,11 @@ While the bracket is wider than the tolerance, ONE side of the direction that se
 the upper bound is refined: the optimistic side first (the merging discretisation
 is the looser one), the pessimistic side once the optimistic one has stopped moving,
 at most ``max_refinements`` times each. A side whose halving moved it by less than
-a quarter of the gap has converged in h and is not refined again.
+a quarter of what the bracket still lacks (gap - rtol * upper, for an eps query; the
+gap, for a delta query) has converged in h and is not refined again. (Not a quarter
+of the whole gap: the JL mechanism's optimistic side moved 7e-4, then 7.5e-4, then
+1.2e-3 over three halvings, r = 30, T = 8, p = 0.125, so a small first move does not
+mean that the next ones are smaller; the bracket lacked 8e-4 there.)
 """
 
 from __future__ import annotations
@@ -89,8 +93,9 @@ class _Levels:
     def sides(self) -> dict[tuple[Direction, bool], DiscretePLD]:
         return {key: self.pld(*key) for key, lvl in self.level.items() if lvl >= 0}
 
-    def refine(self, d: Direction, max_refinements: int, gap: float) -> bool:
-        """Halve h on one side of ``d`` (see the module docstring). False when none can be."""
+    def refine(self, d: Direction, max_refinements: int, lacking: float) -> bool:
+        """Halve h on one side of ``d`` (see the module docstring); ``lacking``: how much the
+        bracket still has to narrow. False when no side can be refined."""
         open_sides = [s for s in (False, True) if (d, s) not in self.stalled and self.level[(d, s)] < max_refinements]
         if not open_sides:
             return False
@@ -103,7 +108,7 @@ class _Levels:
             self.level[(d, s)] -= 1
             self.stalled.add((d, s))
             return True
-        if abs(after - before) < 0.25 * gap or not self._better(after, before, s):
+        if abs(after - before) < 0.25 * lacking or not self._better(after, before, s):
             # converged in h: what is left of the gap is the other side's (or the
             # mechanism's own cells'); or looser (round-off, a floored spacing):
             # refining this side again would not close it
@@ -140,7 +145,7 @@ def epsilon_pass(side: Side, directions: Sequence[Direction], delta: float, rtol
         converged = math.isfinite(hi) and gap <= rtol * hi  # inf <= rtol * inf is not converged
         if not refine or converged or not math.isfinite(hi):
             break
-        if not state.refine(d, max_refinements, gap):
+        if not state.refine(d, max_refinements, gap - rtol * hi):
             break
     return PassResult(lower=lo, upper=hi, leading=d, uppers=uppers, sides=state.sides(), converged=converged,
                       best=dict(state.best))
