@@ -162,7 +162,9 @@ def composed_window(
     t_hi = min(t_hi, support_hi)
     t_lo = max(t_lo, support_lo)
     full = (support_hi - support_lo) / h
-    if not (np.isfinite(t_hi) and np.isfinite(t_lo)) or full <= 2.0 * (t_hi - t_lo) / h + _WHOLE_SUPPORT:
+    whole_fits = max_points is None or full + 3 <= max_points  # never trade a fitting window for a cut one
+    if not (np.isfinite(t_hi) and np.isfinite(t_lo)) or (whole_fits and full <= 2.0 * (t_hi - t_lo) / h
+                                                         + _WHOLE_SUPPORT):
         t_lo, t_hi = support_lo, support_hi  # cheap enough to keep every atom: no tail charge
     t_hi = max(t_hi, t_lo + h)
     if max_points is not None and (t_hi - t_lo) / h + 3 > max_points:
