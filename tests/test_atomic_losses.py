@@ -174,3 +174,34 @@ def test_a_loss_of_sd_1e_38_gets_a_bounded_tilt_not_a_math_domain_error():
     acc = fdp.PLDAccountant().compose(mech, 13)
     lo, hi = _quiet(acc.get_epsilon_bounds, 4.074627789710355e-52)
     assert 0.0 <= lo <= hi < 1e-9  # the bulk of the loss is within 1e-66 of 0
+
+
+def _pair_remove_epsilon(p1: float, q1: float, delta: float) -> mp.mpf:
+    """One step of FromDistributions([p1, 1], [q1, 1]) (normalised), remove direction: the
+    only positive loss is outcome 0's, so eps solves P0 - e^eps Q0 = delta."""
+    with mp.workdps(DPS):
+        big_p, big_q = mp.mpf(p1) / (1 + mp.mpf(p1)), mp.mpf(q1) / (1 + mp.mpf(q1))
+        return mp.log((big_p - delta) / big_q)
+
+
+@pytest.mark.parametrize("p1, q1, delta", [(1e-35, 1e-45, 9.99999999e-36), (1e-35, 1e-45, 9.9999999e-36),
+                                           (3e-35, 3e-45, 2.999999997e-35)])
+def test_the_masses_own_round_off_is_charged_where_delta_cancels_digits(p1, q1, delta):
+    """Red team: delta just below the atom's mass cancels 9 digits of it, so the masses'
+    few-ulp error (exp of a log-mass) moved eps by 3e-6; the upper bound was below the truth
+    (exposed by the exact lattice grid, which left no slack). Now charged (mass_error)."""
+    acc = fdp.PLDAccountant().compose(fdp.FromDistributions([p1, 1.0], [q1, 1.0]), 1)
+    lo, hi = _quiet(acc.get_epsilon_bounds, delta)
+    exact = _pair_remove_epsilon(p1, q1, delta)
+    assert mp.mpf(lo) <= exact <= mp.mpf(hi)
+
+
+def test_an_atom_at_infinity_heavier_than_delta_gives_infinite_epsilon():
+    """Red team: P(L = +inf) = 1e-280 / (1 + 1e-280) > delta, so eps = inf; the +inf atom's
+    mass came out 5e-14 low and the upper bound was 3.6e-15."""
+    acc = fdp.PLDAccountant().compose(fdp.FromDistributions([1e-280, 1.0], [0.0, 1.0]), 1)
+    lo, hi = acc.get_delta_bounds(1.0)
+    with mp.workdps(DPS):
+        exact = mp.mpf(1e-280) / (1 + mp.mpf(1e-280))
+    assert mp.mpf(lo) <= exact <= mp.mpf(hi)
+    assert _quiet(acc.get_epsilon_bounds, 9.99999999999999e-281)[1] == math.inf

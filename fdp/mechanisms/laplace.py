@@ -77,7 +77,7 @@ import numpy as np
 
 from fdp._numerics import log1mexp, logsubexp
 from fdp._validation import check_array, check_real, check_sampling_rate
-from fdp.mechanisms._atoms import RANGE_MARGIN, add_cells, atom_cells, pair_atoms, pair_loss_error
+from fdp.mechanisms._atoms import RANGE_MARGIN, add_cells, atom_cells, pair_atoms, pair_loss_error, pair_mass_error
 from fdp.mechanisms.base import Mechanism, register_mechanism
 from fdp.pld.cells import Direction, Grid, LossCells
 from fdp.tradeoff.base import TradeoffCurve, _as_output
@@ -231,7 +231,8 @@ def laplace_cells(b: float, p: float, direction: Direction, grid: Grid) -> LossC
     direction = Direction(direction)
     lp0, lp1 = _atom_log_masses(1.0 / b)
     loss, mass = pair_atoms(lp0, lp1, p, direction)
-    atoms = atom_cells(grid, loss, mass, loss_error=pair_loss_error(lp0, lp1, p))
+    atoms = atom_cells(grid, loss, mass, loss_error=pair_loss_error(lp0, lp1, p),
+                       mass_error=pair_mass_error(lp0, lp1, p))
     return add_cells(atoms, _continuous_cells(b, p, direction, grid))
 
 

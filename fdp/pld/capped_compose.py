@@ -41,7 +41,7 @@ import numpy as np
 import scipy.fft
 
 from fdp.pld.chernoff import composed_window
-from fdp.pld.compose import _loss_error, _sum_error, checked_components, compose, steps_loss_error
+from fdp.pld.compose import _loss_error, _sum_error, checked_components, compose, steps_loss_error, steps_mass_error
 from fdp.pld.pmf import DiscretePLD
 from fdp.pld.roundoff import U, composition_l2_error, spectrum_error_terms
 
@@ -152,7 +152,7 @@ def compose_capped(components: Sequence[tuple[DiscretePLD, int]], cap: float, *,
         total = powered if total is None else _convolve(total, powered, top, pessimistic, max_points)
     assert total is not None
     side = 1 if pessimistic else -1
-    common = dict(h=h, offset=total.offset, pmf=total.pmf, bound=side, rel_error=_sum_error(total.pmf.size),
+    common = dict(h=h, offset=total.offset, pmf=total.pmf, bound=side, rel_error=(1 + _sum_error(total.pmf.size)) * (1 + steps_mass_error(components)) - 1,
                   loss_error=_loss_error(total.offset, total.pmf.size, h) + steps_loss_error(components))
     if pessimistic:
         return DiscretePLD(p_inf=min(1.0, total.p_inf), delta_shift=total.error, round_off=total.error, **common)

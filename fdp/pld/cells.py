@@ -20,7 +20,9 @@ is all that the discretisations of :mod:`fdp.pld.discretise` need. The tails:
 ``loss_error`` bounds how far the true losses of binned atoms may be from the
 float64 values that were binned (logs and log-sums of the output masses err by a
 few ulp); discretisations carry it into :attr:`fdp.pld.pmf.DiscretePLD.loss_error`,
-where it is charged to eps on the safe side.
+where it is charged to eps on the safe side. ``mass_error`` bounds the relative
+float error of every P-mass of the cells' atoms (exp of a computed log-mass); it is
+carried into :attr:`fdp.pld.pmf.DiscretePLD.rel_error` and charged to delta.
 
 Notation: x_k = e^{ell_k} is the likelihood ratio dP/dQ at grid point k.
 """
@@ -89,6 +91,7 @@ class LossCells:
     u_right: float = 0.0
     p_inf: float = 0.0
     loss_error: float = 0.0
+    mass_error: float = 0.0
 
     def __post_init__(self) -> None:
         n = self.grid.n
@@ -116,4 +119,5 @@ class LossCells:
             u_right=a * self.u_right + b * other.u_right,
             p_inf=a * self.p_inf + b * other.p_inf,
             loss_error=max(self.loss_error, other.loss_error),
+            mass_error=max(self.mass_error, other.mass_error),
         )

@@ -43,7 +43,7 @@ from fdp.pld.pmf import DiscretePLD
 from fdp.pld.roundoff import (U, composition_l2_error, delta_error_weight, direct_dft_error, fft_relative_error,
                               spectrum_error_terms)
 
-__all__ = ["compose", "MAX_FFT_POINTS", "steps_loss_error"]
+__all__ = ["compose", "MAX_FFT_POINTS", "steps_loss_error", "steps_mass_error"]
 
 #: Largest FFT the accountant allocates (2^23 points: ~64 MiB per real array).
 MAX_FFT_POINTS = 1 << 23
@@ -142,6 +142,7 @@ def compose(
     # (a tilt so large that the inputs' error bound reaches 1/2 leaves no useful bound: inf)
     rel_in = (math.inf if kappa >= 0.5 else
               math.expm1(steps * (math.log1p(kappa) - math.log1p(-kappa))) if kappa > 0 else 0.0)
+    rel_in = (1 + rel_in) * (1 + steps_mass_error(components)) - 1  # the steps' masses' own error
     common = dict(h=h, offset=w0, p_inf=p_inf, bound=side,
                   loss_error=_loss_error(w0, needed, h) + steps_loss_error(components))
     if tilt == 0.0:
@@ -207,7 +208,7 @@ def _recompute_low_frequencies(spectrum: np.ndarray, vector: np.ndarray, l1_norm
 
 def _single_step(pld: DiscretePLD, side: int) -> DiscretePLD:
     """One step needs no FFT: the discretised PLD itself, with its sums' round-off."""
-    return dataclasses.replace(pld, bound=side, rel_error=_sum_error(pld.pmf.size),
+    return dataclasses.replace(pld, bound=side, rel_error=(1 + _sum_error(pld.pmf.size)) * (1 + pld.rel_error) - 1,
                                loss_error=_loss_error(pld.offset, pld.pmf.size, pld.h) + pld.loss_error)
 
 
@@ -246,6 +247,13 @@ def _sum_error(points: int) -> float:
     """Relative error of the sums of (1) in pmf.py over ``points`` non-negative terms,
     each with its own few-ulp error (Higham, (4.4))."""
     return 4.0 * (points + 4) * U
+
+
+def steps_mass_error(components: Sequence[tuple[DiscretePLD, int]]) -> float:
+    """prod_c (1 + mu_c)^{T_c} - 1: the relative error of every composed entry (a sum of
+    products of T step masses, all >= 0) when each step's masses are within mu_c relative
+    (its ``rel_error``, :attr:`fdp.pld.cells.LossCells.mass_error`)."""
+    return math.expm1(sum(c * math.log1p(pld.rel_error) for pld, c in components) * (1 + 4 * U))
 
 
 def steps_loss_error(components: Sequence[tuple[DiscretePLD, int]]) -> float:

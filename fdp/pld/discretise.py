@@ -70,6 +70,7 @@ def discretise_pessimistic(cells: LossCells) -> DiscretePLD:
         pmf=pmf,
         p_inf=min(1.0, cells.p_right + cells.p_inf),
         loss_error=cells.loss_error,
+        rel_error=cells.mass_error,
     )
 
 
@@ -83,7 +84,7 @@ def discretise_optimistic(cells: LossCells) -> DiscretePLD:
         pmf[:-1] = cells.p_cell
         pmf[-1] = cells.p_right
         return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf),
-                           loss_error=cells.loss_error)
+                           loss_error=cells.loss_error, rel_error=cells.mass_error)
     pmf = _merge_sweep(
         h,
         np.ascontiguousarray(cells.p_cell, dtype=np.float64),
@@ -94,7 +95,7 @@ def discretise_optimistic(cells: LossCells) -> DiscretePLD:
         float(cells.u_right),
     )
     return DiscretePLD(h=h, offset=cells.grid.offset, pmf=pmf, p_inf=float(cells.p_inf),
-                           loss_error=cells.loss_error)
+                           loss_error=cells.loss_error, rel_error=cells.mass_error)
 
 
 @gated("merge")
