@@ -22,7 +22,6 @@ size of each discretisation's per-step error), unless given.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,29 +29,34 @@ from typing import Any
 
 from fdp._kernels import prefetch
 from fdp._validation import check_integer, check_real
-from fdp.mechanisms.base import Mechanism, mechanism_from_dict
+from fdp.mechanisms.base import Mechanism
+from fdp.persistence import accountant_from_json, accountant_to_json
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.capped import capped_lower_epsilon
 from fdp.pld.capped_compose import compose_for_query
 from fdp.pld.chernoff import chernoff_epsilon, saddle_tilt
 from fdp.pld.compose import MAX_FFT_POINTS
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
-from fdp.pld.plan import GridPlan, composed_sd, grid_plan, query_cap
+from fdp.pld.plan import MAX_COMPOSED_LOSS, MIN_SPACING, GridPlan, composed_sd, grid_plan, query_cap
 from fdp.pld.pmf import DiscretePLD
 from fdp.pld.refinement import PassResult, delta_pass, epsilon_pass
 from fdp.pld.queries import (
     check_certifiable_delta,
     reported,
+    reported_delta,
     round_off_matters,
     round_off_moves_epsilon,
     support_top,
     tail_budget,
+    widening_advice,
 )
 
 __all__ = ["PLDAccountant"]
 
 #: Largest number of steps accepted (beyond this float64 losses lose meaning).
 MAX_STEPS = 10**11
+#: Largest grid_spacing: MAX_STEPS steps of a few cells each stay within MAX_COMPOSED_LOSS.
+MAX_GRID_SPACING = MAX_COMPOSED_LOSS / (1000 * MAX_STEPS)
 #: Tilted passes of get_epsilon_bounds at most (each re-aimed at the eps found).
 _TILT_PASSES = 2
 
@@ -68,12 +72,15 @@ class PLDAccountant:
     """Privacy-loss-distribution accountant (both directions, certified bounds).
 
     Args:
-      grid_spacing: loss grid spacing h; ``None`` chooses it from the mechanisms
-        and the number of steps.
+      grid_spacing: loss grid spacing h in [1e-9, 1e292]; ``None`` chooses it from the
+        mechanisms and the number of steps. A query refuses an h too fine for its
+        mechanisms' losses (loss / h beyond 2^52).
       grid_scale: tightness knob of the automatic grid, h = grid_scale * sd(L_T) / sqrt(T);
         smaller is tighter and slower.
       epsilon_rtol: ``get_epsilon_bounds`` halves the automatic grid spacing (up to
-        ``max_refinements`` times) until (upper - lower) <= epsilon_rtol * upper.
+        ``max_refinements`` times) until (upper - lower) <= epsilon_rtol * upper, and
+        warns if it is still wider; ``get_delta_bounds`` likewise, to the tolerance in
+        its docstring.
       max_refinements: the most halvings of the grid spacing per side, in [0, 8]; more
         is tighter and slower (0: the automatic grid only).
       max_points: largest FFT allowed (bounds memory: 16 bytes per point).
@@ -95,7 +102,7 @@ class PLDAccountant:
 
     def __post_init__(self) -> None:
         if self.grid_spacing is not None:
-            self.grid_spacing = check_real("grid_spacing", self.grid_spacing, low=0.0, low_inclusive=False)
+            self.grid_spacing = check_real("grid_spacing", self.grid_spacing, low=MIN_SPACING, high=MAX_GRID_SPACING)
         self.grid_scale = check_real("grid_scale", self.grid_scale, low=1e-4, high=10.0)
         self.max_points = check_integer("max_points", self.max_points, low=1024, high=1 << 27)
         self.epsilon_rtol = check_real("epsilon_rtol", self.epsilon_rtol, low=0.0)
@@ -202,7 +209,7 @@ class PLDAccountant:
         lo, hi = result.lower, min(result.upper, self._support_top(tail, result.best))
         if self.grid_spacing is None and lo < 0.5 * hi:  # a heavy upper tail made the grid coarse
             lo = max(lo, self._capped_lower(result.leading, delta, tail, lo, hi))
-        return reported(lo, hi, delta, rtol, fixed_grid=self.grid_spacing is not None)
+        return reported(lo, hi, delta, rtol, self._advice(result))
 
     def _epsilon_pass(self, delta: float, tail: float, rtol: float, tilts: dict,
                       focus: tuple[float, float] | None = None, start: dict | None = None) -> PassResult:
@@ -235,14 +242,16 @@ class PLDAccountant:
 
         Refined like :meth:`get_epsilon_bounds` (one side of the leading direction
         at a time, at most ``max_refinements`` halvings, each side's best level kept)
-        until the bracket is as tight as an epsilon bracket would be: the upper
-        curve must come down to the lower bound ``lo`` within
-        ``epsilon_rtol * max(epsilon, 1)`` of ``epsilon`` (a relative gap on delta
-        itself would ask far more where delta(eps) is steep). Where the bracket is still
-        too wide, a pass focused on ``epsilon`` follows (grids cut at ``epsilon`` + 40,
-        approximate cells refined there); where the FFT round-off is not small against
-        delta, the FFTs are redone tilted towards ``epsilon`` (as in
-        :meth:`get_epsilon_bounds`).
+        until the bracket is within the tolerance of a delta query: (upper - lower)
+        <= epsilon_rtol * upper, or as tight as an epsilon bracket would be (the upper
+        curve comes down to the lower bound within ``epsilon_rtol * max(epsilon, 1)``
+        of ``epsilon``; a relative gap on delta alone would ask far more where
+        delta(eps) is steep). Where the bracket is still too wide, a pass focused on
+        ``epsilon`` follows (grids cut at ``epsilon`` + 40, approximate cells refined
+        there); where the FFT round-off or the grids' tails are not small against
+        delta, the FFTs are redone tilted towards ``epsilon``, tails cut in proportion
+        to delta (as in :meth:`get_epsilon_bounds`). A bracket still wider than the
+        tolerance is returned with a warning that names the setting that narrows it.
         """
         epsilon = check_real("epsilon", epsilon, low=0.0)
         self._start_query()
@@ -256,8 +265,9 @@ class PLDAccountant:
         if not result.converged and self._focusable((epsilon, epsilon), tail):
             focus = (epsilon, epsilon)  # grids cut above epsilon, cells focused on it
             result = self._delta_pass(epsilon, rtol, tilts, tail, focus, start=result.best)
-        if round_off_matters(list(result.sides.values()), max(result.lower, 1e-300), rtol, epsilon, epsilon):
-            # the round-off (or the tails) are not small against delta: tilt the FFTs
+        if round_off_matters(list(result.sides.values()), max(result.lower, 1e-300), rtol, epsilon, epsilon) or (
+                not result.converged and tail > tail_budget(result.lower)):
+            # the round-off or the tails are not small against delta: tilt the FFTs
             # towards epsilon, with tails cut in proportion to delta
             tail = min(1e-15, tail_budget(result.lower if result.lower > 0.0 else 1e-300))
             tilts = {(k, s): self._tilt(k, epsilon, tail, s) for k in self._directions() for s in (True, False)}
@@ -265,7 +275,14 @@ class PLDAccountant:
         lo, hi = result.lower, result.upper
         if hi == 0.0:  # some composed loss may exceed epsilon: delta > 0, below float64's range
             hi = math.ulp(0.0)  # the least positive float bounds it
-        return lo, hi
+        return reported_delta(lo, hi, epsilon, rtol, result.converged or hi <= math.ulp(0.0),
+                              self._advice(result))
+
+    def _advice(self, result: PassResult) -> str:
+        """What narrows the bracket of ``result`` (:func:`fdp.pld.queries.widening_advice`)."""
+        return widening_advice(result.stopped_by, grid_spacing=self.grid_spacing,
+                               max_refinements=self.max_refinements, grid_scale=self.grid_scale,
+                               max_points=self.max_points)
 
     def _delta_pass(self, epsilon: float, rtol: float, tilts: dict, tail: float,
                     focus: tuple[float, float] | None = None, start: dict | None = None) -> PassResult:
@@ -293,21 +310,12 @@ class PLDAccountant:
     # ----------------------------------------------------------- persistence
     def to_json(self) -> str:
         """The composed mechanisms and settings as JSON (no pickles)."""
-        return json.dumps({
-            "format": "fdp.PLDAccountant/1",
-            **{name: getattr(self, name) for name in _SETTINGS},
-            "events": [{"mechanism": m.to_dict(), "steps": c} for m, c in self._events],
-        })
+        return accountant_to_json(self, _SETTINGS)
 
     @classmethod
     def from_json(cls, text: str) -> "PLDAccountant":
-        data = json.loads(text)
-        if data.get("format") != "fdp.PLDAccountant/1":
-            raise ValueError(f"not an fdp.PLDAccountant JSON document (format={data.get('format')!r})")
-        acc = cls(**{name: data[name] for name in _SETTINGS if name in data})
-        for ev in data["events"]:
-            acc.compose(mechanism_from_dict(ev["mechanism"]), steps=ev["steps"])
-        return acc
+        """The accountant of a :meth:`to_json` document; ValueError saying what is wrong where."""
+        return accountant_from_json(cls, text, _SETTINGS)
 
     # ------------------------------------------------------------- internals
     def _start_query(self, optimistic: bool = True) -> None:

@@ -62,7 +62,8 @@ def epochs_to_steps(epochs: float, batch_size: int, dataset_size: int) -> int:
     exact = Fraction(repr(e)) if isinstance(epochs, float) else Fraction(e)
     steps = math.ceil(exact * per_epoch)
     if steps > 10**12:
-        raise ValueError(f"epochs={format_value(epochs)} gives {steps} steps; at most 10^12 are supported")
+        raise ValueError(f"epochs must be in (0, {10**12 / per_epoch:.6g}] ({per_epoch} steps per epoch, at most "
+                         f"10^12 steps); got {format_value(epochs)}, {steps:.3g} steps")
     return steps
 
 

@@ -21,6 +21,13 @@ of two different inputs; dp_accounting accounts it only under REPLACE_ONE):
     PoissonSampledDpEvent(q, Gaussian or Laplace) -> the same with sampling_rate = q
     SelfComposedDpEvent(e, n), ComposedDpEvent([...]), NoOpDpEvent -> composition
 
+Null events release nothing about anyone and are left out: NoOpDpEvent, Poisson
+sampling with probability 0 (of any event), a Gaussian or Laplace event with infinite
+noise, ComposedDpEvent([]) and SelfComposedDpEvent(e, 0). An accountant of null events
+only holds one step of the null mechanism ``fdp.RandomizedResponse(epsilon=0)``, so its
+queries answer epsilon = delta = 0 (upper bounds ~1e-14: the certified float round-off),
+where dp_accounting's accountants answer 0.
+
 Anything else (sampling without replacement, single-epoch tree aggregation, a
 non-private event, Poisson sampling of a composition) is refused with a
 ValueError that names it: its privacy is not the composition above.
@@ -32,6 +39,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
+from fdp._validation import check_integer, check_probability
 from fdp.accountant import PLDAccountant
 from fdp.mechanisms.base import Mechanism
 
@@ -56,37 +66,51 @@ def from_dp_event(event: Any, accountant: PLDAccountant | None = None) -> PLDAcc
     acc = PLDAccountant() if accountant is None else accountant
     if not isinstance(acc, PLDAccountant):
         raise ValueError(f"accountant must be an fdp.PLDAccountant or None; got {type(acc).__name__}")
-    for mech, count in mechanisms_of_event(event):
+    pairs = mechanisms_of_event(event)
+    if not pairs and not acc.events:  # only null events: not an empty accountant, which queries refuse
+        from fdp.mechanisms.discrete import RandomizedResponse
+
+        pairs = [(RandomizedResponse(epsilon=0.0), 1)]
+    for mech, count in pairs:
         acc.compose(mech, steps=count)
     return acc
 
 
 def mechanisms_of_event(event: Any) -> list[tuple[Mechanism, int]]:
-    """``event`` as a list of (mechanism, count), in order."""
+    """``event`` as a list of (mechanism, count), in order; null events give none."""
     name = type(event).__name__
-    if name == "NoOpDpEvent":
-        return []
+    if name == "NoOpDpEvent" or (name in ("GaussianDpEvent", "LaplaceDpEvent") and _infinite(event.noise_multiplier)):
+        return []  # infinite noise: the output does not depend on the data
     if name == "ComposedDpEvent":
         return [pair for inner in event.events for pair in mechanisms_of_event(inner)]
     if name == "SelfComposedDpEvent":
-        count = int(event.count)
-        if count < 0:
-            raise ValueError(f"SelfComposedDpEvent.count must be >= 0; got {event.count}")
+        count = check_integer("SelfComposedDpEvent.count", event.count, low=0)
         return [(m, c * count) for m, c in mechanisms_of_event(event.event) if c * count > 0]
     if name == "PoissonSampledDpEvent":
+        q = check_probability("PoissonSampledDpEvent.sampling_probability", event.sampling_probability)
+        if q == 0.0 or not mechanisms_of_event(event.event):
+            return []  # nobody's data is used, or the sampled event is null
         inner = type(event.event).__name__
-        if inner not in ("GaussianDpEvent", "LaplaceDpEvent", "NoOpDpEvent"):
+        if inner not in ("GaussianDpEvent", "LaplaceDpEvent"):
             raise ValueError(
                 f"PoissonSampledDpEvent of a {inner} is not supported: fdp accounts Poisson sampling of one "
                 "Gaussian or Laplace step (sample each step, then compose: "
                 "SelfComposedDpEvent(PoissonSampledDpEvent(q, step), n)); randomized response is a "
                 "replace-one pair, for which subsampling has no add/remove meaning")
-        return [(_step(event.event, float(event.sampling_probability)), 1)] if inner != "NoOpDpEvent" else []
+        return [(_step(event.event, q), 1)]
     if name in ("GaussianDpEvent", "LaplaceDpEvent", "RandomizedResponseDpEvent"):
         return [(_step(event, 1.0), 1)]
     raise ValueError(
         f"{name} is not supported by fdp.from_dp_event; supported events: {', '.join(_SUPPORTED)}"
         + (" (a non-private event has epsilon = inf)" if name == "NonPrivateDpEvent" else ""))
+
+
+def _infinite(noise: Any) -> bool:
+    """Whether a noise parameter is +inf (other values are left to the mechanisms' checks)."""
+    try:
+        return math.isinf(float(noise)) and float(noise) > 0.0
+    except (TypeError, ValueError):
+        return False
 
 
 def _step(event: Any, rate: float) -> Mechanism:
@@ -104,8 +128,6 @@ def _step(event: Any, rate: float) -> Mechanism:
         raise ValueError(f"RandomizedResponseDpEvent needs noise_parameter in (0, 1] and num_buckets >= 2; "
                          f"got noise_parameter={event.noise_parameter}, num_buckets={event.num_buckets}")
     if k == 2:  # P(true) = 1 - eta/2 against eta/2
-        import math
-
         return RandomizedResponse(epsilon=math.log((2.0 - eta) / eta), sampling_rate=rate)
     keep, other = 1.0 - eta + eta / k, eta / k
     rest = (k - 2) * eta / k

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 import fdp
 
@@ -33,7 +34,7 @@ NULL_EPS = 4e-5
 #: absolute slack for float rounding in comparisons of two computed epsilons
 ROUND = 1e-9
 
-PROPS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 sigmas = st.floats(min_value=0.5, max_value=5.0)
 rates = st.floats(min_value=0.01, max_value=1.0)

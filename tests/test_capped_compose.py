@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 import fdp
 from fdp.pld.capped_compose import compose_capped, compose_for_query
@@ -47,7 +48,7 @@ def _exact_delta(pmf: np.ndarray, offset: int, p_inf: float, h: float, steps: in
         return float(acc)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(2, 7), size=st.integers(2, 12),
        offset=st.integers(-6, 3), cap_at=st.floats(-0.2, 1.2), eps_at=st.floats(0.0, 1.0),
        p_inf=st.sampled_from([0.0, 1e-3]))
@@ -84,7 +85,7 @@ def _gaussian_steps(sigma: float, h: float = 2e-3) -> tuple[DiscretePLD, Discret
     return discretise_pessimistic(cells), discretise_optimistic(cells)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @example(sigma=0.75, steps=44, eps=0.0, margin=40.0)  # delta ~ 1: the relative charge counts (CI)
 @given(sigma=st.floats(0.5, 3.0), steps=st.integers(2, 200), eps=st.floats(0.0, 6.0), margin=st.floats(-3.0, 45.0))
 def test_both_bounds_hold_for_composed_gaussians_and_tighten_with_the_margin(sigma, steps, eps, margin):

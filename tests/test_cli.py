@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -192,3 +193,80 @@ def test_warmup_caches_every_kernel_a_query_compiles(tmp_path):
     after = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=600)
     assert after.returncode == 0, after.stderr
     assert after.stdout.strip() == "[]", f"compiled after warmup: {after.stdout}"
+
+
+RISK = ["risk", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10"]
+CURVES = ["curves", "--noise-multiplier", "1", "--batch-size", "10", "--dataset-size", "100", "--epochs", "2",
+          "--delta", "1e-5"]
+
+
+@pytest.mark.parametrize("argv", [
+    [*CURVES, "--plot", "/nonexistent/x.png"],
+    [*RISK, "--plot", "/nonexistent/x.png"],
+    [*RISK, "--plot", ""],
+])
+def test_an_unwritable_plot_is_a_flag_error_before_computing(capsys, monkeypatch, argv):
+    """--plot /nonexistent/x.png computed the whole table, then raised FileNotFoundError
+    from savefig (a traceback, exit 1)."""
+    def never(*args, **kwargs):
+        raise AssertionError("computed before checking --plot")
+
+    monkeypatch.setattr(fdp, "epsilon_curve", never)
+    monkeypatch.setattr(fdp, "attack_risk", never)
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.startswith(f"fdp {argv[0]}: error: --plot") and err.count("\n") == 1, err
+
+
+def test_a_plot_format_matplotlib_lacks_is_a_flag_error(capsys, tmp_path):
+    code, out, err = run(capsys, *RISK, "--fpr", "0.1", "--plot", str(tmp_path / "x.nosuchformat"))
+    assert code == 2 and "--plot: cannot write" in err and "not supported" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    ([*RISK, "--fpr", ""], "--fpr"),  # exited 0 with an empty table
+    ([*RISK, "--fpr", " , "], "--fpr"),
+    ([*CURVES, "--jl-projections", ""], "--jl-projections"),
+])
+def test_an_empty_list_flag_is_refused(capsys, argv, flag):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    _, err = capsys.readouterr()
+    assert info.value.code == 2 and flag in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    # the library's "delta=1e-300 is below 1e-290 ..." and "epochs=1e+300 gives 1000...0 steps"
+    # named the Python argument, not the flag
+    (["epsilon", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10", "--delta", "1e-300"],
+     "--delta"),
+    (["epsilon", "--noise-multiplier", "1", "--batch-size", "10", "--dataset-size", "100", "--epochs", "1e300",
+      "--delta", "1e-5"], "--epochs"),
+    (["epsilon", "--noise-multiplier", "1e-200", "--sampling-rate", "0.1", "--steps", "10", "--delta", "1e-5"],
+     "--noise-multiplier"),
+    (["delta", "--mechanism", "laplace", "--noise-multiplier", "1e-310", "--sampling-rate", "0.1", "--steps", "10",
+      "--epsilon", "1"], "--noise-multiplier"),
+])
+def test_extreme_values_name_their_flag(capsys, argv, flag):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.startswith(f"fdp {argv[0]}: error: {flag}") and err.count("\n") == 1, err
+    assert len(err) < 300, err  # no 300-digit step count
+
+
+def test_laplace_with_a_tiny_scale_answers(capsys):
+    """--mechanism laplace --noise-multiplier 1e-60 raised OverflowError (a traceback)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        data = run_json(capsys, "delta", "--mechanism", "laplace", "--noise-multiplier", "1e-60", "--sampling-rate",
+                        "0.1", "--steps", "10", "--epsilon", "1")
+    truth = 1 - 0.9**10  # some step samples the individual: loss ~1e60
+    assert data["lower"] <= truth <= data["upper"]
+
+
+def test_calibrating_the_steps_of_a_leak_free_target_stops_at_the_accountants_limit(capsys, monkeypatch):
+    """The doubling search went past the accountant's 10^11 steps (it stopped at 10^12) and
+    was refused as "--steps must be an integer in [1, 100000000000]; got 137438953472"
+    (no --steps given). The limit is lowered here to keep the search short."""
+    monkeypatch.setattr("fdp.accountant.MAX_STEPS", 1000)
+    code, out, err = run(capsys, "calibrate", "--target-epsilon", "1e300", "--delta", "1e-5", "--sampling-rate",
+                         "0.01", "--noise-multiplier", "1")
+    assert code == 1 and out == "" and "more than 512 steps" in err and "at most 1e+03" in err, err

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 from scipy import stats
 
 import fdp
@@ -91,7 +92,7 @@ def test_tradeoff_with_fft_noise_in_the_left_tail_is_a_valid_curve():
 
 
 @given(sigma=st.floats(0.5, 5.0), steps=st.integers(1, 2000), p=st.sampled_from([1.0, 0.1, 0.01]))
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_tradeoff_is_always_a_valid_lower_bound_search(sigma, steps, p):
     """A random search over Gaussian compositions: the curve is valid, and at p = 1 it
     lies below the exact mu-GDP curve G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)."""

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 import fdp
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.compose import compose
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
 
-PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 EPS = np.linspace(-1.0, 6.0, 57)
 
 

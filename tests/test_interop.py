@@ -99,3 +99,46 @@ def test_no_op_and_accountant_settings():
     template = fdp.PLDAccountant(max_refinements=0)
     acc = fdp.from_dp_event(dpa.ComposedDpEvent([dpa.NoOpDpEvent(), dpa.GaussianDpEvent(2.0)]), accountant=template)
     assert acc is template and acc.events == ((fdp.Gaussian(noise_multiplier=2.0), 1),)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # delta bounds [0, 6e-15]: the round-off charge
+@pytest.mark.parametrize("event, dp_accounting_answers", [
+    (dpa.PoissonSampledDpEvent(0.0, dpa.GaussianDpEvent(1.0)), True),
+    (dpa.PoissonSampledDpEvent(0.0, dpa.RandomizedResponseDpEvent(0.5, 2)), False),  # nobody sampled: any event
+    (dpa.PoissonSampledDpEvent(0.3, dpa.GaussianDpEvent(math.inf)), False),
+    (dpa.GaussianDpEvent(math.inf), False),  # dp_accounting's PLD: "cannot convert float NaN"
+    (dpa.LaplaceDpEvent(math.inf), False),
+    (dpa.ComposedDpEvent([]), True),
+    (dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.0), 0), False),  # dp_accounting: count must be positive
+    (dpa.NoOpDpEvent(), True),
+])
+def test_null_events_are_accounted_as_releasing_nothing(event, dp_accounting_answers):
+    """PoissonSampledDpEvent(0.0, ...) was refused (sampling_rate must be in (0, 1]) where
+    dp_accounting answers epsilon 0; GaussianDpEvent(inf) was refused; ComposedDpEvent([])
+    and NoOpDpEvent gave an empty accountant, whose queries raise."""
+    acc = fdp.from_dp_event(event)
+    assert acc.events == ((fdp.RandomizedResponse(epsilon=0.0), 1),)  # the null mechanism
+    lo, hi = acc.get_epsilon_bounds(1e-5)
+    assert lo == 0.0 and hi < 1e-12
+    assert acc.get_delta_bounds(0.0)[1] < 1e-12
+    if dp_accounting_answers:
+        theirs = dpa.pld.PLDAccountant()
+        theirs.compose(event)
+        assert theirs.get_epsilon(1e-5) == 0.0
+
+
+def test_null_events_beside_others_leave_only_the_others():
+    event = dpa.ComposedDpEvent([dpa.PoissonSampledDpEvent(0.0, dpa.GaussianDpEvent(1.0)),
+                                 dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 3),
+                                 dpa.GaussianDpEvent(math.inf)])
+    assert fdp.from_dp_event(event).events == ((fdp.Gaussian(noise_multiplier=2.0), 3),)
+    template = fdp.PLDAccountant().compose(fdp.Laplace(scale=1.0), 2)
+    assert fdp.from_dp_event(dpa.NoOpDpEvent(), accountant=template).events == ((fdp.Laplace(scale=1.0), 2),)
+
+
+@pytest.mark.parametrize("event, match", [
+    (dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.0), -1), r"SelfComposedDpEvent.count must be an integer in \[0"),
+])
+def test_bad_counts_are_refused_by_name(event, match):
+    with pytest.raises(ValueError, match=match):
+        fdp.from_dp_event(event)

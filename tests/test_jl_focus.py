@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 import fdp
 from fdp.mechanisms.random_sensitivity.cells import FOCUS_MIN_MU, FOCUS_REL, focus_window, partition
@@ -59,7 +60,7 @@ def test_focused_partition_is_fine_in_the_window_and_keeps_all_mass():
     assert np.all(edges[1:][inside] / edges[:-1][inside] <= 1 + FOCUS_REL * (1 + 1e-6))
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=examples(8), deadline=None)
 @given(r=st.sampled_from([1, 2, 3]), p=st.sampled_from([1.0, 0.05, 0.003]),
        a=st.floats(3e3, 5e4), width=st.floats(0.0, 0.2))
 def test_focused_cells_bracket_delta_and_are_tight_in_the_focus(r, p, a, width):
@@ -140,7 +141,7 @@ def _mu_gdp_delta(mu: float, eps: float) -> float:
         return float(mp.ncdf(-eps / mu + mu / 2) - mp.e**eps * mp.ncdf(-eps / mu - mu / 2))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(sigma=st.floats(0.3, 2.0), steps=st.integers(2, 30), eps=st.floats(0.0, 4.0), b=st.floats(-39.5, 0.0))
 def test_any_cap_keeps_both_bounds_of_a_gaussian(sigma, steps, eps, b):
     """Cutting the grids at ANY cap (here 0.5 to 40, often below the answer) is sound:
@@ -153,7 +154,7 @@ def test_any_cap_keeps_both_bounds_of_a_gaussian(sigma, steps, eps, b):
     assert lo <= exact * (1 + 1e-9) + 1e-14 and exact <= hi * (1 + 1e-9) + 1e-14
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(r=st.sampled_from([1, 2, 5]), p=st.sampled_from([1.0, 0.02]), eps=st.floats(0.0, 3e3),
        b=st.floats(-39.0, 5e3))
 def test_any_cap_and_focus_keep_both_bounds_of_one_jl_step(r, p, eps, b):

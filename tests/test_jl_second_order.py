@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 from scipy import integrate, stats
 
 import fdp
@@ -45,7 +46,7 @@ def _s(mu):
     return mp.ncdf(mp.mpf(mu) / 2)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     a=st.floats(0.01, 30.0), widths=st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
     weight=st.floats(0.0, 1.0), eps=st.floats(-8.0, 60.0),

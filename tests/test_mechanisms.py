@@ -524,7 +524,7 @@ def test_parameter_bad_input(make, name, value):
 
 
 def test_laplace_scale_zero_is_refused_and_rr_zero_is_identity():
-    with pytest.raises(ValueError, match=r"scale must be in \(0, inf\)"):
+    with pytest.raises(ValueError, match=r"scale must be in \[1e-300, inf\); got 0"):
         fdp.Laplace(scale=0.0)
     acc = fdp.PLDAccountant().compose(fdp.RandomizedResponse(epsilon=0.0), 5)
     assert acc.get_delta(0.0) == pytest.approx(0.0, abs=1e-13)
@@ -669,3 +669,78 @@ def test_from_delta_of_rr_has_no_rounding_atom_at_infinite_loss(eps0):
         lo, hi = acc.get_epsilon_bounds(1e-18)
     assert lo <= eps0 + 1e-12 and lo <= hi
     assert acc.get_delta_bounds(eps0 + 0.5)[0] == 0.0
+
+
+# ------------------------------------------------ extreme but valid parameters (red team)
+def _quiet_bounds(acc, query, arg):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return getattr(acc, query)(arg)
+
+
+@pytest.mark.parametrize("p", [1.0, 0.01])
+def test_laplace_with_a_tiny_scale_gives_its_huge_epsilon(p):
+    """Laplace(scale=1e-50) raised OverflowError (the atoms' mass error e^{16u * 1e50}).
+    Its loss is ~ +mu = 1e50 at each step that samples the individual: 10 steps at delta
+    1e-5 need all 10 (p = 1: 2^-10 of the mass keeps mu - O(1) each) or 3 (p = 0.01)."""
+    acc = fdp.PLDAccountant().compose(fdp.Laplace(scale=1e-50, sampling_rate=p), 10)
+    lo, hi = _quiet_bounds(acc, "get_epsilon_bounds", 1e-5)
+    steps = 10 if p == 1.0 else 3
+    assert lo <= steps * 1e50 <= hi * (1 + 1e-12) and hi <= steps * 1e50 * (1 + 1e-9), (lo, hi)
+    truth = 1.0 if p == 1.0 else 1.0 - 0.99**10  # delta(1): 1 - P(no step samples the individual)
+    d_lo, d_hi = _quiet_bounds(acc, "get_delta_bounds", 1.0)
+    assert d_lo <= truth + 1e-12 and d_hi >= truth - 1e-12
+
+
+def test_laplace_bins_its_losses_above_709():
+    """Scale 1e-3 (mu = 1000): e^loss overflowed in the cell edges x(loss), so every loss of
+    the continuous part above 709 was binned at 709: delta(9000) of 10 steps came out
+    0.17 for both bounds, while each step's loss is mu - 2 Exp(1) or mu (truth ~ 1)."""
+    acc = fdp.PLDAccountant().compose(fdp.Laplace(scale=1e-3), 10)
+    lo, hi = _quiet_bounds(acc, "get_delta_bounds", 9000.0)
+    assert lo > 1.0 - 1e-9 and hi == 1.0
+    lo, hi = _quiet_bounds(acc, "get_delta_bounds", 9995.0)  # P(sum of 2 Exp(1) over C-steps < 5)
+    assert 0.1 < lo <= hi < 0.15
+
+
+def test_gaussian_with_a_tiny_noise_multiplier_under_sampling_gives_its_epsilon():
+    """Gaussian(1e-100, sampling_rate=0.01) raised "grid needs finite lo <= hi and h > 0"
+    (the loss's variance 1e200^2 overflowed). A step that samples the individual has loss
+    ~ mu^2 / 2 = 5e199; at delta 1e-5, 3 of 10 steps must (P(>= 4) = 2e-6 < 1e-5)."""
+    acc = fdp.PLDAccountant().compose(fdp.Gaussian(1e-100, sampling_rate=0.01), 10)
+    lo, hi = _quiet_bounds(acc, "get_epsilon_bounds", 1e-5)
+    assert lo <= 1.5e200 * (1 + 1e-3) and hi >= 1.5e200 * (1 - 1e-3) and hi <= 1.6e200
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: fdp.Gaussian(1e-200), "noise_multiplier must be in [1e-150, inf); got 1e-200"),
+        (lambda: fdp.Gaussian(1e-200, sampling_rate=0.01), "noise_multiplier must be in [1e-150, inf)"),
+        (lambda: fdp.Laplace(scale=5e-324), "scale must be in [1e-300, inf); got 5e-324"),
+        (lambda: fdp.RandomizedResponse(epsilon=1e308), "epsilon must be in [0, 1e+300]; got 1e+308"),
+    ],
+)
+def test_a_loss_beyond_float64_range_is_refused_naming_the_parameter(make, expected):
+    """Gaussian(1e-200) was accepted and its queries failed on a NaN grid; Laplace(5e-324)
+    (1 / scale = inf) likewise; randomized response at 1e308 overflowed in composition."""
+    with pytest.raises(ValueError) as info:
+        make()
+    assert str(info.value).startswith(expected), info.value
+
+
+def test_a_composition_beyond_float64_range_names_the_steps_that_fit():
+    """10^9 steps of loss 1e300 each: float('inf') became a grid index (OverflowError)."""
+    acc = fdp.PLDAccountant().compose(fdp.Laplace(scale=1e-300), 10**9)
+    with pytest.raises(ValueError, match=r"^steps must be at most 999999 for Laplace\(scale=1e-300"):
+        acc.get_epsilon_bounds(1e-5)
+    acc = fdp.PLDAccountant().compose(fdp.Laplace(scale=1e-300), 1000)
+    assert _quiet_bounds(acc, "get_epsilon_bounds", 1e-5)[1] == pytest.approx(1e303, rel=1e-3)
+
+
+def test_from_delta_of_a_tradeoff_curve_says_to_pass_its_profile():
+    """A curve is callable (alpha -> beta): FromDelta(curve) failed inside the profile's
+    evaluation with "alpha must be finite numbers in [0, 1]; got 2.0"."""
+    with pytest.raises(TypeError, match=r"delta_of_epsilon must be callable \(eps -> delta\); got GaussianCurve: "
+                                        r"pass its privacy profile, curve.delta"):
+        fdp.FromDelta(fdp.gaussian_curve(1.0))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 import fdp
 from fdp.pld.compose import compose
@@ -124,7 +125,10 @@ def test_a_delta_below_float64_range_is_bounded_by_the_least_positive_float(epsi
     lo, hi = acc.get_delta_bounds(epsilon)
     assert (truth > 0) == positive
     assert lo <= truth <= hi
-    assert hi == (math.ulp(0.0) if positive else 0.0)
+    if positive:  # a few subnormal steps: each float step of the bound is rounded upwards
+        assert 0.0 < hi <= 64 * math.ulp(0.0)
+    else:
+        assert hi == 0.0
 
 
 @pytest.mark.parametrize("rr_epsilon, steps", [(0.5, 400), (0.1, 3000)])
@@ -141,7 +145,7 @@ def test_composed_randomized_response_brackets_exact_enumeration(rr_epsilon, ste
         assert e_lo <= epsilon * (1 + 1e-12) and epsilon <= e_hi * (1 + 1e-12)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     sigma=st.floats(0.5, 30.0),
     steps=st.integers(2, 5000),

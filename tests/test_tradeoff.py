@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 from scipy.special import ndtr, ndtri
 
 import fdp
@@ -23,7 +24,7 @@ from fdp.tradeoff import (
 )
 
 GRID = np.linspace(0.0, 1.0, 257)
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # --------------------------------------------------------------------- strategies
@@ -99,7 +100,7 @@ def test_every_curve_is_a_tradeoff_function(f):
     assert_tradeoff_function(f.inverse())
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(any_curve)
 def test_inverse_is_an_involution(f):
     # Numerical double inversion (bisection on a bisection), not the shortcut
@@ -187,7 +188,7 @@ def test_generic_conjugate_matches_exact_polygon_delta(f, eps):
     np.testing.assert_allclose(conjugate_delta(f, eps), f.delta(eps), rtol=0, atol=1e-12)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(any_curve, st.floats(1e-9, 0.5))
 def test_epsilon_is_the_smallest_eps_meeting_delta(f, delta):
     eps = f.epsilon(delta)
@@ -224,7 +225,7 @@ def hockey_stick(losses, masses, p_inf, eps):
     return np.nansum(terms, axis=1) + p_inf
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(discrete_pairs(), st.lists(st.floats(0.0, 6.0), min_size=1, max_size=6))
 def test_atoms_curve_delta_equals_hockey_stick_sum(pair, eps):
     losses, masses, p_inf = _pair_atoms(*pair)

@@ -173,3 +173,57 @@ def test_messages_never_show_numpy_reprs(call, expected):
     msg = _message(call)
     assert msg.startswith(expected), msg
     assert "np." not in msg and "float64" not in msg and "int64" not in msg, msg
+
+
+# ----------------------------------------------------- the accountant's settings and JSON
+@pytest.mark.parametrize("spacing", [1e-20, 0.0, 1e300, NAN, INF])
+def test_grid_spacing_out_of_the_planners_range_is_refused_at_construction(spacing):
+    """1e-20 overflowed the grid's integer offsets (OverflowError) and 1e300 its points (a
+    NaN grid index): grid_spacing must lie in [1e-9 (the automatic grid's floor), 1e292]."""
+    import fdp
+
+    msg = _message(fdp.PLDAccountant, grid_spacing=spacing)
+    assert msg.startswith("grid_spacing must be") and "[1e-09, 1e+292]" in msg, msg
+
+
+def test_a_grid_spacing_too_fine_for_the_losses_is_refused_with_the_spacing_that_works():
+    import fdp
+
+    acc = fdp.PLDAccountant(grid_spacing=1e-9).compose(fdp.RandomizedResponse(epsilon=1e10), 10)
+    msg = _message(acc.get_epsilon_bounds, 1e-5)
+    assert msg.startswith("grid_spacing must be at least 2.22e-06") and "got 1e-09" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[]", "not an fdp.PLDAccountant JSON document"),
+        ("null", "not an fdp.PLDAccountant JSON document"),
+        ("{}", "not an fdp.PLDAccountant JSON document"),
+        ("{", "text must be a JSON document"),
+        ('{"format": "fdp.PLDAccountant/1"}', '"events" must be a list'),
+        ('{"format": "fdp.PLDAccountant/1", "events": 3}', '"events" must be a list'),
+        ('{"format": "fdp.PLDAccountant/1", "events": [], "grid_spacng": 1}', "unknown keys ['grid_spacng']"),
+        ('{"format": "fdp.PLDAccountant/1", "events": [3]}', 'events[0]: must be an object with the keys'),
+        ('{"format": "fdp.PLDAccountant/1", "events": [{"mechanism": {"kind": "gaussian", "noise_multiplier": 1},'
+         ' "steps": -2}]}', "events[0]: steps must be an integer in [1, "),
+        ('{"format": "fdp.PLDAccountant/1", "events": [{"mechanism": [1], "steps": 2}]}',
+         'events[0]: mechanism must be a dict with a "kind" key; got [1]'),
+        ('{"format": "fdp.PLDAccountant/1", "events": [{"mechanism": {"kind": ["x"]}, "steps": 2}]}',
+         "events[0]: unknown mechanism kind ['x']"),
+        ('{"format": "fdp.PLDAccountant/1", "events": [{"mechanism": {"kind": "gaussian"}, "steps": 2}]}',
+         "events[0]: a 'gaussian' mechanism takes the keys ['noise_multiplier', 'sampling_rate'] "
+         "(required: ['noise_multiplier']); got missing ['noise_multiplier']"),
+        ('{"format": "fdp.PLDAccountant/1", "events": [{"mechanism": {"kind": "laplace", "scale": 1, "b": 2},'
+         ' "steps": 2}]}', "events[0]: a 'laplace' mechanism takes the keys"),
+        ('{"format": "fdp.PLDAccountant/1", "events": [{"mechanism": {"kind": "from_delta", '
+         '"delta_of_epsilon": "x"}, "steps": 2}]}', "events[0]: a 'from_delta' mechanism: delta_of_epsilon"),
+    ],
+)
+def test_from_json_says_what_is_wrong_with_a_document(text, expected):
+    """'[]' and 'null' raised AttributeError, a missing "events" KeyError, a bad event or
+    mechanism dict TypeError or AttributeError."""
+    import fdp
+
+    msg = _message(fdp.PLDAccountant.from_json, text)
+    assert msg.startswith(expected), msg

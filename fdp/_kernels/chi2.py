@@ -29,7 +29,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from fdp._kernels.prefetch import gated
+from fdp._kernels.gate import gated
 
 __all__ = ["log_ndtr_pair", "mixture_cells"]
 

@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import njit
 
-from fdp._kernels.prefetch import gated
+from fdp._kernels.gate import gated
 
 __all__ = ["low_frequency_dft", "twiddles"]
 

@@ -30,26 +30,25 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numba
 
-__all__ = ["GROUPS", "gated", "start", "wait_for", "cold_groups", "compile_group"]
+# the kernels register with gate, not with this module (which imports them to compile a group)
+from fdp._kernels import gate
+from fdp._kernels.gate import GROUPS, PENDING, gated
+from fdp._kernels.gate import KERNELS as _KERNELS
 
-#: The kernel groups: a mechanism's own (``jl``: the JL mechanism's cells), then, in the
-#: order a query needs them, ``pmf`` (plan, composition and queries) and ``merge`` (the
-#: optimistic discretisation, only for queries that compose optimistic PLDs).
-GROUPS = ("jl", "pmf", "merge")
+__all__ = ["GROUPS", "gated", "start", "wait_for", "cold_groups", "compile_group"]
 
 #: The longest this process waits for a helper's group before compiling it itself.
 WAIT_SECONDS = 30.0
 
-_KERNELS: dict[str, list[Any]] = {group: [] for group in GROUPS}
 _lock = threading.Lock()
 _seen: set[str] = set()  # groups looked at in this process: cached, kept or handed over
-_done: dict[str, threading.Event] = {}  # groups handed to a helper -> set when it reports them
+_done = PENDING  # groups handed to a helper -> set when it reports them (gated kernels wait)
 _helpers: list[subprocess.Popen] = []
 
 
@@ -65,37 +64,6 @@ def _forget() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget)
-
-
-def gated(group: str) -> Callable[[Any], Any]:
-    """Decorator for a Numba kernel called from Python: record it as part of ``group``
-    and, while a helper compiles that group, make its first call wait for the helper."""
-    if group not in _KERNELS:
-        raise ValueError(f"group must be one of {GROUPS}; got {group!r}")
-
-    def wrap(dispatcher: Any) -> Any:
-        _KERNELS[group].append(dispatcher)
-        return _Gate(dispatcher, group)
-
-    return wrap
-
-
-class _Gate:
-    """A kernel behind its group's gate; attributes are the dispatcher's."""
-
-    __slots__ = ("dispatcher", "group")
-
-    def __init__(self, dispatcher: Any, group: str) -> None:
-        self.dispatcher = dispatcher
-        self.group = group
-
-    def __call__(self, *args: Any) -> Any:
-        if _done:  # only while helpers were started in this process
-            wait_for(self.group)
-        return self.dispatcher(*args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.dispatcher, name)
 
 
 def _cached(dispatcher: Any) -> bool:
@@ -190,6 +158,9 @@ def wait_for(group: str) -> None:
     event = _done.get(group)
     if event is not None and not event.wait(WAIT_SECONDS):
         event.set()
+
+
+gate.set_waiter(wait_for)  # what a gated kernel calls while a helper holds groups (_done)
 
 
 @atexit.register

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 __all__ = ["FLAGS", "Unreachable", "UsageError", "accountant_of", "describe", "factory", "flag_error",
-           "projections_of", "setting_line", "sigma_of", "steps_of"]
+           "plot_path", "projections_of", "save_plot", "setting_line", "sigma_of", "steps_of"]
 
 
 class UsageError(Exception):
@@ -22,9 +22,39 @@ def flag_error(err: ValueError, names: dict[str, str]) -> UsageError:
     """A library ValueError with the Python argument renamed to its flag."""
     message = str(err)
     for name, flag in names.items():
-        if message.startswith(name + " "):
+        if message.startswith((name + " ", name + "=")):  # "delta must be ...", "delta=1e-300 is ..."
             return UsageError(flag + message[len(name):])
     return UsageError(message)
+
+
+def plot_path(path: str | None) -> str | None:
+    """--plot's file, refused before any computing where it cannot be written."""
+    import os
+
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not path or os.path.isdir(path):
+        raise UsageError(f"--plot must name a file to write; got {path!r}")
+    if not os.path.isdir(folder):
+        raise UsageError(f"--plot: no directory {folder!r} to write {os.path.basename(path)!r} in")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"--plot: the directory {folder!r} is not writable")
+    try:
+        from fdp._optional import require
+
+        require("matplotlib", "plot")
+    except ImportError as err:
+        raise UsageError(f"--plot: {err}") from None
+    return path
+
+
+def save_plot(figure: Any, path: str) -> None:
+    """``figure.savefig(path)``, with a failure (a format matplotlib does not know) as a --plot error."""
+    try:
+        figure.savefig(path, dpi=120)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--plot: cannot write {path!r}: {err}") from None
 
 
 FLAGS = {"noise_multiplier": "--noise-multiplier", "jl_projections": "--jl-projections",
@@ -37,6 +67,7 @@ def steps_of(args: argparse.Namespace, required: bool = True) -> tuple[float, in
     """(sampling rate, steps or None, a description) from either form of the flags."""
     from fdp import epochs as ep
     from fdp._validation import check_integer, check_sampling_rate
+    from fdp.accountant import MAX_STEPS
 
     by_epochs = [args.batch_size, args.dataset_size]
     if args.sampling_rate is not None:
@@ -47,7 +78,7 @@ def steps_of(args: argparse.Namespace, required: bool = True) -> tuple[float, in
             if required:
                 raise UsageError("--steps is required with --sampling-rate")
             return p, None, {"sampling_rate": p}
-        t = check_integer("--steps", args.steps, low=1, high=10**12)
+        t = check_integer("--steps", args.steps, low=1, high=MAX_STEPS)
         return p, t, {"sampling_rate": p, "steps": t}
     if any(v is None for v in by_epochs):
         raise UsageError("give --sampling-rate and --steps, or --batch-size, --dataset-size and --epochs")

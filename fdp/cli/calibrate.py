@@ -100,6 +100,8 @@ def _fewest_projections(args, target: float, delta: float, p: float, t: int, sig
 
 def _calibrate_steps(args, target, delta, p, sigma, r, info) -> tuple[dict[str, Any], str]:
     """The most steps (whole epochs when given B and N) with certified epsilon <= target."""
+    from fdp.accountant import MAX_STEPS
+
     mech = factory(args, p, r)(sigma)
     unit = info.get("steps_per_epoch", 1)
     name = "epochs" if "steps_per_epoch" in info else "steps"
@@ -112,8 +114,9 @@ def _calibrate_steps(args, target, delta, p, sigma, r, info) -> tuple[dict[str, 
     lo, hi = 1, 2
     while meets(hi):
         lo, hi = hi, hi * 2
-        if hi * unit > 10**12:
-            raise Unreachable("the target is met for more than 10^12 steps: the mechanism leaks almost nothing")
+        if hi * unit > MAX_STEPS:  # the accountant's limit (--steps 137438953472 was refused)
+            raise Unreachable(f"the target is met for more than {lo * unit} steps, and the accountant "
+                              f"composes at most {MAX_STEPS:.0e}: the mechanism leaks almost nothing")
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if meets(mid) else (lo, mid)

@@ -6,7 +6,8 @@ import argparse
 import math
 from typing import Any
 
-from fdp.cli.arguments import FLAGS, UsageError, accountant_of, flag_error, setting_line, sigma_of
+from fdp.cli.arguments import (FLAGS, UsageError, accountant_of, flag_error, plot_path, save_plot, setting_line,
+                               sigma_of)
 
 __all__ = ["cmd_curves", "cmd_delta", "cmd_epsilon", "cmd_risk", "cmd_warmup"]
 
@@ -38,6 +39,7 @@ def cmd_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     delta = check_delta(args.delta, "--delta")
     sigma = sigma_of(args)
+    plot = plot_path(args.plot)
     if args.batch_size is None or args.dataset_size is None or args.epochs is None or args.sampling_rate is not None:
         raise UsageError("curves needs --batch-size, --dataset-size and --epochs (a table per epoch)")
     epochs = check_integer("--epochs", args.epochs, low=1, high=10_000)
@@ -55,9 +57,9 @@ def cmd_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
              f"p={p:.6g}, {per_epoch} steps/epoch", head, "|---:|" + "---:|" * len(curves)]
     for i in range(epochs):
         lines.append(f"| {i + 1} | " + " | ".join(f"{c[i][0]:.4g}-{c[i][1]:.4g}" for c in curves.values()) + " |")
-    if args.plot:
-        _plot_curves(args.plot, curves, delta, sigma)
-        lines.append(f"wrote {args.plot}")
+    if plot:
+        _plot_curves(plot, curves, delta, sigma)
+        lines.append(f"wrote {plot}")
     data = {"delta": delta, "noise_multiplier": sigma, "sampling_rate": p, "steps_per_epoch": per_epoch,
             "epochs": list(range(1, epochs + 1)),
             "curves": {n: {"lower": [lo for lo, _ in c], "upper": [hi for _, hi in c]} for n, c in curves.items()}}
@@ -69,6 +71,7 @@ def cmd_risk(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from fdp.risk import DEFAULT_FPR
 
     acc, setting = accountant_of(args)
+    plot = plot_path(args.plot)
     try:
         risk = fdp.attack_risk(acc, fpr=DEFAULT_FPR if args.fpr is None else args.fpr)
     except ValueError as err:
@@ -79,9 +82,8 @@ def cmd_risk(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     lines += [f"{a:>10.3g} {lo:>11.4g} {hi:>11.4g}" for a, lo, hi in zip(risk.fpr, risk.tpr_lower, risk.tpr_upper)]
     lines.append(f"advantage max(TPR - FPR) in [{risk.advantage[0]:.4g}, {risk.advantage[1]:.4g}]")
     lines.append(setting_line(setting))
-    if args.plot:
+    if plot:
         import matplotlib
-
         import numpy as np
 
         matplotlib.use("Agg")
@@ -89,8 +91,8 @@ def cmd_risk(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         ax = dense.plot()
         ax.plot(risk.fpr, risk.tpr_upper, "s", color="C3", label="the FPRs asked for")
         ax.legend(fontsize=8)
-        ax.figure.savefig(args.plot, dpi=120)
-        lines.append(f"wrote {args.plot}")
+        save_plot(ax.figure, plot)
+        lines.append(f"wrote {plot}")
     return {**risk.to_dict(), **setting}, "\n".join(lines)
 
 
@@ -118,7 +120,7 @@ def _plot_curves(path: str, curves: dict[str, list[tuple[float, float]]], delta:
     ax.set_title(f"certified epsilon bounds, noise multiplier {sigma:g}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
 
 
 def cmd_warmup(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

@@ -16,16 +16,22 @@ class _Parser(argparse.ArgumentParser):
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(v) for v in text.split(",") if v.strip()]
+        values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers; got {text!r}") from None
+        values = []
+    if not values:  # "" would ask for nothing: an empty table, exit 0
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers; got {text!r}")
+    return values
 
 
 def _ints(text: str) -> list[int]:
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers; got {text!r}") from None
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers; got {text!r}")
+    return values
 
 
 def build_parser() -> _Parser:

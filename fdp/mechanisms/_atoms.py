@@ -202,19 +202,38 @@ def pair_loss_error(log_p0: np.ndarray, log_p1: np.ndarray, p: float) -> float:
 
 
 def pair_mass_error(log_p0: np.ndarray, log_p1: np.ndarray, p: float) -> float:
-    """A bound on the relative error of every P-mass of :func:`pair_atoms`, exp(log-mass):
-    the log-mass (a log-mass of the mechanism, or a logaddexp of two) is within
-    8u (|lp0| + |lp1| + |log p| + |log(1-p)| + 2) of the exact one, and exp turns an
-    absolute error e of its argument into a relative one e^e - 1 (+ u of its own).
-    Found by the red team: a single step's delta near P0 = 1e-35 at e^eps Q0 = 1e-9 P0
-    cancels 9 digits, so the masses' few-ulp error moved eps by 3e-6."""
-    finite_abs = [np.where(np.isfinite(lp), np.abs(lp), 0.0)
-                  for lp in (np.asarray(log_p0, dtype=np.float64), np.asarray(log_p1, dtype=np.float64))]
-    size = finite_abs[0] + finite_abs[1]  # an outcome with P0 = 0 still has its P1-mass's error
-    if size.size == 0:
-        return 2.0 * U
+    """A bound on the relative error of every P-mass of :func:`pair_atoms`, exp(log-mass),
+    in either direction: exp turns an absolute error e of the log-mass into a relative
+    one e^e - 1 (+ u of its own), and the log-mass is within 16u (s + 2) of the exact one:
+    s = |lp| for a log-mass lp of the mechanism (lp0: add; lp1: remove at p = 1), and for
+    a remove log-mass at p < 1, lm = logaddexp(a, b), a = log(1-p) + lp0, b = log(p) + lp1,
+    s = w0 |lp0| + w1 |lp1| + |lm| + |log p| + |log(1-p)|: its inputs' errors (each within
+    e = 8u (|lp0| + |lp1| + |log p| + |log(1-p)| + 2)) move it by their slopes, which stay
+    below w0 = min(1, e^{a - lm + e}) and w1 = min(1, e^{b - lm + e}) on the way.
+    A term e^-1e50 times the other then carries none of its error: with |lp| ~ 1e50
+    (Laplace at scale 1e-50) the old bound, e^{16u |lp|}, overflowed. Masses that exp
+    flushes to 0 (log-mass < -745) are left out: the binning drops them, exact values
+    below 5e-324. Found by the red team: a single step's delta near P0 = 1e-35 at
+    e^eps Q0 = 1e-9 P0 cancels 9 digits, so the masses' few-ulp error moved eps by 3e-6."""
+    lp0 = np.asarray(log_p0, dtype=np.float64).ravel()
+    lp1 = np.asarray(log_p1, dtype=np.float64).ravel()
     logs = 0.0 if p == 1.0 else abs(math.log(p)) + abs(math.log1p(-p))
-    return math.expm1(16.0 * U * (float(np.max(size)) + logs + 2.0)) + 2.0 * U
+    with np.errstate(invalid="ignore", over="ignore"):
+        if p == 1.0:
+            log_mass, size = np.concatenate([lp0, lp1]), np.abs(np.concatenate([lp0, lp1]))
+        else:
+            a, b = math.log1p(-p) + lp0, math.log(p) + lp1
+            lm = np.logaddexp(a, b)
+            e = 8.0 * U * (np.where(np.isfinite(lp0), np.abs(lp0), 0.0) + np.where(np.isfinite(lp1), np.abs(lp1), 0.0)
+                           + logs + 2.0)
+            w0, w1 = np.exp(np.minimum(a - lm + e, 0.0)), np.exp(np.minimum(b - lm + e, 0.0))
+            mixed = np.where(w0 > 0.0, w0 * np.abs(lp0), 0.0) + np.where(w1 > 0.0, w1 * np.abs(lp1), 0.0)
+            log_mass = np.concatenate([lp0, lm])  # add masses, remove masses
+            size = np.concatenate([np.abs(lp0), mixed + np.abs(lm) + logs])
+    kept = size[np.exp(log_mass) > 0.0]
+    if kept.size == 0:
+        return 2.0 * U
+    return math.expm1(16.0 * U * (float(np.max(kept)) + 2.0)) + 2.0 * U
 
 
 def largest_atom(log_p0: np.ndarray, log_p1: np.ndarray, p: float, direction: Direction) -> float | None:

@@ -18,11 +18,19 @@ known up to a bound (the JL mechanism) return cells of a *dominating* pair when
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any, ClassVar
 
+from fdp._validation import format_value
 from fdp.pld.cells import Direction, Grid, LossCells
 
-__all__ = ["Mechanism", "register_mechanism", "mechanism_from_dict"]
+__all__ = ["MAX_STEP_LOSS", "Mechanism", "register_mechanism", "mechanism_from_dict"]
+
+#: Largest privacy loss of one step that mechanisms accept (Laplace: 1 / scale,
+#: Gaussian: 1 / (2 noise_multiplier^2), randomized response: epsilon): the planner's
+#: float64 limit on a composition (fdp.pld.plan.MAX_COMPOSED_LOSS = 1e306) leaves room
+#: for 10^6 such steps; beyond, e^{-loss}, loss^2 and the grid overflow.
+MAX_STEP_LOSS = 1e300
 
 _REGISTRY: dict[str, type["Mechanism"]] = {}
 
@@ -33,12 +41,30 @@ def register_mechanism(cls: type["Mechanism"]) -> type["Mechanism"]:
     return cls
 
 
-def mechanism_from_dict(data: dict[str, Any]) -> "Mechanism":
-    """Inverse of :meth:`Mechanism.to_dict`."""
+def mechanism_from_dict(data: Any) -> "Mechanism":
+    """Inverse of :meth:`Mechanism.to_dict`.
+
+    Raises:
+      ValueError: ``data`` is not a dict with a known "kind" and exactly that kind's
+        parameters (the message names the missing and unknown keys), or a value is bad.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f'mechanism must be a dict with a "kind" key; got {format_value(data)}')
     kind = data.get("kind")
-    if kind not in _REGISTRY:
-        raise ValueError(f"unknown mechanism kind {kind!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[kind].from_dict(data)
+    if not isinstance(kind, str) or kind not in _REGISTRY:
+        raise ValueError(f"unknown mechanism kind {format_value(kind)}; known: {sorted(_REGISTRY)}")
+    cls = _REGISTRY[kind]
+    params = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    required = [f.name for f in params if f.default is f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    unknown = sorted(set(data) - {"kind", *(f.name for f in params)})
+    if missing or unknown:
+        raise ValueError(f"a {kind!r} mechanism takes the keys {[f.name for f in params]} (required: "
+                         f"{required}); got missing {missing}, unknown {unknown}")
+    try:
+        return cls.from_dict(data)
+    except TypeError as err:  # e.g. a value of the wrong type that no check_* saw first
+        raise ValueError(f"a {kind!r} mechanism: {err}") from None
 
 
 class Mechanism(abc.ABC):

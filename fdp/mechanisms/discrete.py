@@ -36,7 +36,7 @@ import numpy as np
 
 from fdp._validation import check_array, check_real, check_sampling_rate
 from fdp.mechanisms._atoms import largest_atom, pair_atoms, pair_cells, pair_loss_range
-from fdp.mechanisms.base import Mechanism, register_mechanism
+from fdp.mechanisms.base import MAX_STEP_LOSS, Mechanism, register_mechanism
 from fdp.pld.cells import Direction, Grid, LossCells
 
 __all__ = ["RandomizedResponse", "FromDistributions", "pair_tradeoff"]
@@ -105,7 +105,7 @@ class RandomizedResponse(_DiscretePair):
     e^eps') / (1 + e^eps)). See :mod:`fdp.mechanisms.discrete`.
 
     Args:
-      epsilon: eps >= 0, finite (0 reports a fair coin: no privacy loss).
+      epsilon: eps in [0, 1e300] (0 reports a fair coin: no privacy loss).
       sampling_rate: Poisson sampling rate p in (0, 1].
 
     Raises:
@@ -122,7 +122,7 @@ class RandomizedResponse(_DiscretePair):
     exact_cells = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", check_real("epsilon", self.epsilon, low=0.0))
+        object.__setattr__(self, "epsilon", check_real("epsilon", self.epsilon, low=0.0, high=MAX_STEP_LOSS))
         object.__setattr__(self, "sampling_rate", check_sampling_rate(self.sampling_rate))
 
     def _log_pair(self) -> tuple[np.ndarray, np.ndarray]:

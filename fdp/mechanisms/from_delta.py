@@ -126,6 +126,7 @@ from fdp.mechanisms.profile_pairs import (
     symmetric_pair_from_curve,
 )
 from fdp.pld.cells import Direction, Grid, LossCells
+from fdp.tradeoff.base import TradeoffCurve
 
 __all__ = ["FromDelta", "NonConvexProfileWarning"]
 
@@ -229,9 +230,11 @@ class FromDelta(Mechanism):
     kind = "from_delta"
 
     def __post_init__(self) -> None:
-        if not callable(self.delta_of_epsilon):
+        if not callable(self.delta_of_epsilon) or isinstance(self.delta_of_epsilon, TradeoffCurve):
+            # a curve is callable too (alpha -> beta): it failed with "alpha must be ... in [0, 1]; got 2.0"
+            hint = ": pass its privacy profile, curve.delta" if callable(self.delta_of_epsilon) else ""
             raise TypeError(
-                f"delta_of_epsilon must be callable (eps -> delta); got {type(self.delta_of_epsilon).__name__}"
+                f"delta_of_epsilon must be callable (eps -> delta); got {type(self.delta_of_epsilon).__name__}{hint}"
             )
         object.__setattr__(self, "sampling_rate", check_sampling_rate(self.sampling_rate))
         n = check_integer("num_points", self.num_points, low=3, high=1 << 20)

@@ -26,10 +26,14 @@ from scipy import special
 
 from fdp._numerics import log_norm_cells, logsubexp
 from fdp._validation import check_real, check_sampling_rate
-from fdp.mechanisms.base import Mechanism, register_mechanism
+from fdp.mechanisms.base import MAX_STEP_LOSS, Mechanism, register_mechanism
 from fdp.pld.cells import Direction, Grid, LossCells
 
-__all__ = ["Gaussian", "subsampled_gaussian_cells", "subsampled_gaussian_delta"]
+__all__ = ["Gaussian", "NOISE_MULTIPLIER_FLOOR", "subsampled_gaussian_cells", "subsampled_gaussian_delta"]
+
+#: Smallest noise multiplier: the loss's scale mu^2 / 2 = 5e299 <= MAX_STEP_LOSS
+#: (below 7e-155, mu^2 overflows float64 and the loss range is nan).
+NOISE_MULTIPLIER_FLOOR = 1e-150
 
 
 def _log_excess(ell: np.ndarray, p: float) -> np.ndarray:
@@ -150,6 +154,10 @@ class Gaussian(Mechanism):
 
     Its unsubsampled tradeoff curve is mu-GDP with mu = 1 / noise_multiplier
     (Dong-Roth-Su, arXiv:1905.02383v3, Thm 2.7): f(a) = Phi(Phi^{-1}(1 - a) - mu).
+
+    Args:
+      noise_multiplier: sigma in [1e-150, inf) (the loss mu^2 / 2 stays within float64).
+      sampling_rate: Poisson sampling rate p in (0, 1].
     """
 
     noise_multiplier: float
@@ -161,7 +169,7 @@ class Gaussian(Mechanism):
         object.__setattr__(
             self,
             "noise_multiplier",
-            check_real("noise_multiplier", self.noise_multiplier, low=0.0, low_inclusive=False),
+            check_real("noise_multiplier", self.noise_multiplier, low=NOISE_MULTIPLIER_FLOOR),
         )
         object.__setattr__(self, "sampling_rate", check_sampling_rate(self.sampling_rate))
 

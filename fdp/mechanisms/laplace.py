@@ -78,13 +78,15 @@ import numpy as np
 from fdp._numerics import log1mexp, logsubexp
 from fdp._validation import check_array, check_real, check_sampling_rate
 from fdp.mechanisms._atoms import RANGE_MARGIN, add_cells, atom_cells, pair_atoms, pair_loss_error, pair_mass_error
-from fdp.mechanisms.base import Mechanism, register_mechanism
+from fdp.mechanisms.base import MAX_STEP_LOSS, Mechanism, register_mechanism
 from fdp.pld.cells import Direction, Grid, LossCells
 from fdp.tradeoff.base import TradeoffCurve, _as_output
 
 __all__ = ["Laplace", "LaplaceCurve", "laplace_curve"]
 
 _LOG_HALF = -math.log(2.0)
+#: Above this loss (1 - p) e^-ell < 1e-304 is lost next to 1 in e^ell - (1 - p).
+_BIG_LOSS = 700.0
 
 
 # ---------------------------------------------------------------- the curve
@@ -164,8 +166,12 @@ def _xi(ell: np.ndarray, b: float, p: float) -> np.ndarray:
     """x where the remove loss crosses ell, equation (2), clipped to [0, 1]."""
     ell = np.asarray(ell, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        excess = np.expm1(ell) + p  # e^ell - (1 - p)
+        excess = np.expm1(np.minimum(ell, _BIG_LOSS)) + p  # e^ell - (1 - p)
         gam = np.where(excess > 0.0, np.log(excess) - math.log(p), -np.inf)
+        # e^ell overflows above 709 (scale < 1/709): there log(e^ell - (1-p)) = ell exactly
+        # (else every loss above 709 was binned at 709: delta(9000) of 10 steps at
+        # scale 1e-3 came out 0.17, truth ~1)
+        gam = np.where(ell > _BIG_LOSS, ell - math.log(p), gam)
         x = 0.5 * (1.0 + b * gam)
     return np.clip(np.nan_to_num(x, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
 
@@ -249,11 +255,11 @@ class Laplace(Mechanism):
     delta(eps) = max(0, 1 - e^{(eps - 1/b)/2}).
 
     Args:
-      scale: b > 0, finite.
+      scale: b in [1e-300, inf) (the loss 1/b stays within float64 range).
       sampling_rate: Poisson sampling rate p in (0, 1].
 
     Raises:
-      ValueError: scale not a finite number > 0, or sampling_rate outside (0, 1].
+      ValueError: scale not a finite number >= 1e-300, or sampling_rate outside (0, 1].
 
     Example:
       >>> import fdp
@@ -267,9 +273,8 @@ class Laplace(Mechanism):
     exact_cells = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "scale", check_real("scale", self.scale, low=0.0, low_inclusive=False)
-        )
+        # mu = 1 / scale is the step's largest loss (MAX_STEP_LOSS: float64 room)
+        object.__setattr__(self, "scale", check_real("scale", self.scale, low=1.0 / MAX_STEP_LOSS))
         object.__setattr__(self, "sampling_rate", check_sampling_rate(self.sampling_rate))
 
     @property

@@ -72,7 +72,9 @@ def _convolve(a: _Partial, b: _Partial, top: int, pessimistic: bool, max_points:
         raise ValueError(f"a capped composition needs {needed} grid points, more than max_points={max_points}")
     error = a.l1 * b.error + (b.l1 + b.error) * a.error
     if not (x.any() and y.any()):  # one side is all at +inf: no finite mass, exactly
-        return _cut(np.zeros(needed), a.offset + b.offset, _infinite_mass(a, b), error, top, pessimistic)
+        # (no finite mass has no offset to keep: one empty entry at the cap, not a sum that
+        # doubles with every squaring of 1e6 steps)
+        return _cut(np.zeros(1), top, _infinite_mass(a, b), error, top, pessimistic)
     n_fft = scipy.fft.next_fast_len(needed, real=True)
     fx = scipy.fft.rfft(x, n=n_fft)
     fy = scipy.fft.rfft(y, n=n_fft)

@@ -69,7 +69,7 @@ def _best_chernoff(components, scale: float, log_tau: float, upper: bool) -> tup
 
     lam, values = _search_lambda(components, scale, 1e-2, 10**3.5, 12, end)
     lam = float(lam[int(np.argmin(values))]) * np.logspace(-0.25, 0.25, 5)  # fine, around the best
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # lam underflows to 0 at a loss sd ~1e300
         k = _log_mgf_sum(components, lam if upper else -lam)
         values = (k - log_tau) / lam
     i = int(np.argmin(np.where(np.isfinite(values), values, np.inf)))

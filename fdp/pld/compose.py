@@ -91,12 +91,20 @@ def compose(
     p_inf = -math.expm1(log_keep) if log_keep > -math.inf else 1.0
     shift = sum(c * pld.delta_shift for pld, c in components)
     steps = sum(c for _, c in components)
+    if any(not np.any(pld.pmf > 0.0) for pld, _ in components):
+        # a step with no finite mass (all of it at +inf): so has the composition
+        return DiscretePLD(h=h, offset=0, pmf=np.zeros(1), p_inf=p_inf, delta_shift=shift, bound=side)
 
     inputs, log_scale, kappa = _tilted_inputs(components, tilt)
     tail = tail_mass if tilt == 0.0 else _TILTED_TAIL
     t_lo, t_hi, bound_lo, bound_hi = composed_window(inputs, tail, max_points)
     w0 = math.floor(t_lo / h + 1e-9)
     w1 = math.ceil(t_hi / h - 1e-9)
+    if w0 > _MAX_WINDOW_INDEX:
+        return _beyond_the_grid(h, p_inf, shift, side)
+    if w1 < -_MAX_WINDOW_INDEX:
+        raise ValueError(f"the composed privacy loss lies below {-_MAX_WINDOW_INDEX * h:.3g} (grid index "
+                         f"{w1}), beyond what float64 grid losses hold; use a coarser grid (larger h)")
     needed = w1 - w0 + 1
     if needed > max_points:
         raise ValueError(
@@ -170,6 +178,22 @@ def compose(
     log_charge = log_scale + math.log(l2_error * weight + bound_lo + bound_hi)
     return DiscretePLD(pmf=out, delta_shift=shift, tilt=tilt, log_charge=log_charge,
                        eps_from=w0 * h, rel_error=rel, **common)
+
+
+#: Largest grid index of a composed window's start (2^52): beyond it grid losses
+#: (offset + k) h are no longer exact float64 products of integers, and Numba's int64
+#: offsets overflow soon after (a window at 2.4e19 did, for mu = sqrt(T) / sigma = 2e4).
+_MAX_WINDOW_INDEX = 1 << 52
+
+
+def _beyond_the_grid(h: float, p_inf: float, shift: float, side: int) -> DiscretePLD:
+    """The composition when the whole Chernoff window lies above grid index 2^52 (every
+    finite composed loss but a charged tail is beyond ~4.5e15 h): the upper bound
+    moves all mass to +inf (delta = 1 bounds any delta); the lower bound drops the
+    finite mass (delta only decreases). Both keep the bound's side."""
+    if side > 0:
+        return DiscretePLD(h=h, offset=0, pmf=np.zeros(1), p_inf=1.0, delta_shift=shift, bound=side)
+    return DiscretePLD(h=h, offset=0, pmf=np.zeros(1), p_inf=p_inf, delta_shift=shift, bound=side)
 
 
 #: Tail mass of the tilted law left outside a tilted window (charged, times

@@ -44,7 +44,7 @@ import math
 import numpy as np
 from numba import njit
 
-from fdp._kernels.prefetch import gated
+from fdp._kernels.gate import gated
 from fdp.pld.cells import LossCells
 from fdp.pld.pmf import DiscretePLD
 

@@ -17,6 +17,7 @@ points to hold 8 steps).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -26,8 +27,8 @@ import numpy as np
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.discretise import discretise_pessimistic
 
-__all__ = ["CAP_MARGIN", "COARSE_POINTS", "GridPlan", "LATTICE_DIVISORS", "MAX_STEP_POINTS", "composed_sd",
-           "exact_divisor", "grid_plan", "lattice_spacing", "query_cap"]
+__all__ = ["CAP_MARGIN", "COARSE_POINTS", "GridPlan", "LATTICE_DIVISORS", "MAX_COMPOSED_LOSS", "MAX_GRID_INDEX",
+           "MAX_STEP_POINTS", "MIN_SPACING", "check_composable", "composed_sd", "exact_divisor", "grid_plan", "lattice_spacing", "query_cap"]
 
 #: Grid points of the coarse discretisation used to size the fine grid.
 COARSE_POINTS = 2000
@@ -37,6 +38,15 @@ MAX_STEP_POINTS = 1 << 22
 CAP_MARGIN = 40.0
 #: Lattice spacings tried: (largest |atom|) / j for j = 1..LATTICE_DIVISORS.
 LATTICE_DIVISORS = 64
+#: Smallest grid spacing h: the automatic grid's floor, and the least grid_spacing.
+MIN_SPACING = 1e-9
+#: Largest |privacy loss| a composition may reach (steps times each step's largest
+#: loss): the sums, Chernoff windows and margins of the planner need headroom below
+#: the float64 maximum 1.8e308 (10^9 steps of Laplace(scale=1e-300) overflowed it).
+MAX_COMPOSED_LOSS = 1e306
+#: Largest |grid index| loss / h of a fixed grid_spacing: integers beyond 2^52 are no
+#: longer exact float64 grid losses, and int64 offsets overflow soon after.
+MAX_GRID_INDEX = 1 << 52
 
 
 def query_cap(focus: tuple[float, float] | None) -> float | None:
@@ -131,13 +141,36 @@ def composed_sd(events: Sequence[tuple[Any, int]], direction: Direction, tail_ma
     """sd of the composed loss, sum over the events of c * Var(one step), from a coarse
     pessimistic discretisation of each step (of its finite part below ``cap``)."""
     step_tail = max(tail_mass / sum(c for _, c in events), 1e-300)
-    var = 0.0
-    for m, c in events:
-        lo, hi = _capped(*m.loss_range(direction, step_tail), cap)
+    ranges = [_capped(*m.loss_range(direction, step_tail), cap) for m, _ in events]
+    check_composable(events, ranges)
+    sds = []
+    for (m, c), (lo, hi) in zip(events, ranges):
         hc = max((hi - lo) / COARSE_POINTS, 1e-12)
-        cells = m.loss_cells(direction, Grid.covering(lo, hi, hc), pessimistic=True)
-        var += c * discretise_pessimistic(cells).variance()
-    return math.sqrt(max(var, 0.0))
+        pld = discretise_pessimistic(m.loss_cells(direction, Grid.covering(lo, hi, hc), pessimistic=True))
+        # the variance in grid units, times hc: a loss sd above 1e154 (Laplace at scale
+        # 1e-200) squares to inf, and then h = inf
+        units = dataclasses.replace(pld, h=1.0).variance()
+        sds.append(math.sqrt(c * max(units, 0.0)) * hc)
+    top = max(sds)
+    return top * math.sqrt(sum((sd / top) ** 2 for sd in sds)) if top > 0.0 else 0.0
+
+
+def check_composable(events: Sequence[tuple[Any, int]], ranges: Sequence[tuple[float, float]]) -> None:
+    """Refuse a composition whose privacy loss can exceed :data:`MAX_COMPOSED_LOSS`
+    (steps times each event's largest |loss| in ``ranges``), naming the steps that fit."""
+    tops = [max(abs(lo), abs(hi)) for lo, hi in ranges]
+    reach = sum(c * top for (_, c), top in zip(events, tops))
+    if reach <= MAX_COMPOSED_LOSS:
+        return
+    big = max(range(len(events)), key=lambda i: events[i][1] * tops[i])
+    mech, steps = events[big]
+    fits = math.floor(MAX_COMPOSED_LOSS / tops[big]) if math.isfinite(tops[big]) else 0
+    if fits >= 1:
+        raise ValueError(f"steps must be at most {fits} for {mech!r}: its privacy loss reaches {tops[big]:.3g} "
+                         f"per step, and a composition's must stay within {MAX_COMPOSED_LOSS:g} (float64); "
+                         f"got {steps} steps (all events together: {reach:.3g})")
+    raise ValueError(f"{mech!r} has a privacy loss of {tops[big]:.3g} in one step, beyond the "
+                     f"{MAX_COMPOSED_LOSS:g} that float64 grids hold; use a mechanism with more noise")
 
 
 def grid_plan(events: Sequence[tuple[Any, int]], direction: Direction, tail_mass: float, level: int, *,
@@ -148,13 +181,19 @@ def grid_plan(events: Sequence[tuple[Any, int]], direction: Direction, tail_mass
     total_steps = sum(c for _, c in events)
     step_tail = tail_mass / total_steps
     ranges = [_capped(*m.loss_range(direction, max(step_tail, 1e-300)), cap) for m, _ in events]
+    check_composable(events, ranges)
     if grid_spacing is not None:
         h = grid_spacing
+        top = max(max(abs(lo), abs(hi)) for lo, hi in ranges)
+        if top / h > MAX_GRID_INDEX:
+            raise ValueError(f"grid_spacing must be at least {top / MAX_GRID_INDEX:.3g} for these mechanisms "
+                             f"(their privacy loss reaches {top:.3g}, and grid indices loss / grid_spacing "
+                             f"must stay within 2^52); got {h:g}")
     else:
         assert sd is not None
         # the composed window (~ +-20 sd around the mean) must fit max_points, and
         # a single step's loss range must fit MAX_STEP_POINTS (e.g. sigma = 1e-6)
-        floor = max(40.0 * sd / max_points, 1e-9, max(hi - lo for lo, hi in ranges) / MAX_STEP_POINTS)
+        floor = max(40.0 * sd / max_points, MIN_SPACING, max(hi - lo for lo, hi in ranges) / MAX_STEP_POINTS)
         h0 = max(grid_scale * sd / math.sqrt(total_steps), floor)
         lattice = _lattice(events, direction)
         if lattice is not None and lattice >= h0:
@@ -163,7 +202,9 @@ def grid_plan(events: Sequence[tuple[Any, int]], direction: Direction, tail_mass
             # put the main mechanism's atom on the grid (discretisation is exact
             # there); the halvings of refinement keep it on
             anchor = max(events, key=lambda ev: ev[1])[0].grid_anchor(direction)
-            if anchor is not None and abs(anchor) >= h0:
+            # (not an atom 2^52 grid points out, beyond every range: RR(1e300) at p = 1e-300,
+            # whose atom's mass is in the tail, made the index inf)
+            if anchor is not None and h0 <= abs(anchor) <= h0 * MAX_GRID_INDEX:
                 # k = floor(...): anchor / k >= h0 >= floor; the search only refines from there
                 h0 = exact_divisor(abs(anchor), math.floor(abs(anchor) / h0), floor)
             h = max(h0 / 2.0**level, floor)

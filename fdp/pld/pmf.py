@@ -33,9 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from fdp._kernels.prefetch import gated
+from fdp._kernels.gate import gated
 from fdp._validation import check_array, check_delta
 from fdp.pld.roundoff import U
+
+#: The least positive float64 (2^-1074): an absolute error bound per rounding in the subnormal range.
+_TINY = math.ulp(0.0)
 
 __all__ = ["DiscretePLD"]
 
@@ -102,14 +105,26 @@ class DiscretePLD:
         """delta(eps) of equation (1), with the charges (2) of a bound; any real eps."""
         eps = check_array("epsilon", epsilon, allow_inf=False)
         flat = np.atleast_1d(eps).ravel()
+        side = self.bound
+        if side == 0:
+            out = _delta_at(self.pmf, self.offset, self.h, flat) + self.p_inf + self.delta_shift
+            out = np.clip(out, 0.0, 1.0)
+            return float(out[0]) if eps.ndim == 0 else out.reshape(eps.shape)
+
+        def safe(x):  # one float towards the bound's side: brackets a round-to-nearest result
+            return np.nextafter(x, side * np.inf)
+
         # the grid losses are known to within loss_error: evaluate where that is safe
-        at = flat - self.bound * self.loss_error
-        out = _delta_at(self.pmf, self.offset, self.h, at) + self.p_inf + self.delta_shift
-        if self.bound > 0:
-            out = (out + self.charge(at)) * (1.0 + self.rel_error)
+        # (each later float step, rounded to nearest, is stepped to the bound's side, as
+        # in :meth:`profile_on_grid`: a negative delta_shift may cancel most of the sum)
+        at = np.nextafter(flat - side * self.loss_error, -side * np.inf)
+        out = safe(safe(_delta_at(self.pmf, self.offset, self.h, at) + self.p_inf) + self.delta_shift)
+        charge = self._charge_bound(at)
+        if side > 0:
+            out = safe(safe(out + charge) * safe(1.0 + self.rel_error))
             out[at < self.eps_from] = 1.0
-        elif self.bound < 0:
-            out = (out - self.charge(at)) / (1.0 + self.rel_error)
+        else:
+            out = safe(safe(out - charge) / np.nextafter(1.0 + self.rel_error, np.inf))
         out = np.clip(out, 0.0, 1.0)
         return float(out[0]) if eps.ndim == 0 else out.reshape(eps.shape)
 
@@ -121,21 +136,58 @@ class DiscretePLD:
 
             T_j = sum_{k>j} pmf_k (1 - q^{k-j}) = (1 - q) S_j + q T_{j+1},
 
-        a recursion of positive terms: each step's round-off is <= 3 units in the last
-        place, so the computed T_j is within a factor (1 + 2^-53)^(3n) of the exact
-        one; that factor (and its inverse for a lower bound) is applied.
+        a recursion of positive terms. An atom's share reaches T_j through at most
+        k - j + 1 additions into S, one product by fl(1 - q) and an addition into T,
+        then k - j steps of a product by fl(q) (within 1 ulp of q) and an addition:
+        <= 4 (n + 2) roundings of relative size u = 2^-53, so the computed T_j is
+        within a factor 1 + kappa, kappa = 4 (n + 2) u, of the exact one; a product
+        that underflows errs instead by <= 2^-1075 absolutely, <= n 2^-1074 in all.
+        Both are charged on the bound's side; so is every later float step (the
+        additions of ``p_inf``, ``delta_shift`` and the charge, the factor
+        1 + ``rel_error``, and eps_j = ell_j + bound * loss_error itself): each is
+        rounded to nearest, so stepping its result one float towards the safe side
+        (:func:`numpy.nextafter`) gives a value on that side of the exact one, and
+        the later steps are monotone in it. An upper bound then has delta_j >= the
+        delta of the exact PLD at eps_j; a lower bound delta_j <= it, at an eps_j
+        below the exact breakpoint ell_j - loss_error (what :mod:`fdp.risk` needs).
         """
-        kappa = 4.0 * (self.pmf.size + 2) * U
+        side = self.bound
         tail = _grid_tail_delta(self.pmf, self.h)
-        tail = tail * (1.0 + kappa) if self.bound > 0 else tail / (1.0 + kappa)
         at = self.losses
-        out = tail + self.p_inf + self.delta_shift
-        if self.bound > 0:
-            out = (out + self.charge(at)) * (1.0 + self.rel_error)
+        if side == 0:
+            out = tail + self.p_inf + self.delta_shift
+            return at, np.clip(out, 0.0, 1.0)
+        kappa = 4.0 * (self.pmf.size + 2) * U
+        underflow = self.pmf.size * _TINY
+
+        def safe(x):  # one float towards the bound's side: brackets a round-to-nearest result
+            return np.nextafter(x, side * np.inf)
+
+        if side > 0:
+            tail = safe(safe(tail * (1.0 + kappa)) + underflow)
+        else:
+            tail = np.maximum(safe(safe(tail / (1.0 + kappa)) - underflow), 0.0)
+        out = safe(safe(tail + self.p_inf) + self.delta_shift)
+        charge = self._charge_bound(at)
+        if side > 0:
+            out = safe(safe(out + charge) * safe(1.0 + self.rel_error))
             out[at < self.eps_from] = 1.0
-        elif self.bound < 0:
-            out = (out - self.charge(at)) / (1.0 + self.rel_error)
-        return at + self.bound * self.loss_error, np.clip(out, 0.0, 1.0)
+        else:
+            out = safe(safe(out - charge) / np.nextafter(1.0 + self.rel_error, np.inf))
+        return safe(at + side * self.loss_error), np.clip(out, 0.0, 1.0)
+
+    def _charge_bound(self, at: np.ndarray) -> np.ndarray:
+        """An upper bound on c(at) of (2) despite the float steps of :meth:`charge`: its
+        exponent log_charge - tilt * max(at, eps_from) is within 2u (|log_charge| +
+        |tilt * at|) of the exact one, each exp within 1 ulp (charged as 8u, twice), and
+        the product by the factor e^{4u (|log_charge| + |tilt * at| + 8)} adds one
+        rounding, stepped up."""
+        c = self.charge(at)
+        if self.log_charge == -math.inf:
+            return c
+        arg = abs(self.log_charge) + self.tilt * np.abs(np.maximum(at, self.eps_from))
+        with np.errstate(over="ignore"):
+            return np.nextafter(c * np.exp(4.0 * U * (arg + 8.0)), np.inf)
 
     def epsilon(self, delta: float) -> float:
         """Smallest eps >= 0 with delta(eps) <= ``delta`` (inf if none exists).

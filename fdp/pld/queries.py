@@ -19,11 +19,13 @@ __all__ = [
     "MIN_DELTA",
     "check_certifiable_delta",
     "reported",
+    "reported_delta",
     "round_off_epsilon_shift",
     "round_off_matters",
     "round_off_moves_epsilon",
     "support_top",
     "tail_budget",
+    "widening_advice",
 ]
 
 #: Smallest delta certified (the tail budget 1e-4 * delta must stay a normal float64).
@@ -54,10 +56,14 @@ def round_off_epsilon_shift(pld: DiscretePLD, delta: float) -> float:
 
 
 def round_off_moves_epsilon(pld: DiscretePLD, delta: float, rtol: float, hi: float) -> bool:
-    """True when the side's round-off moves its epsilon by more than a tenth of the
+    """True when the side's round-off moves its epsilon by more than a twentieth of the
     tolerance rtol * hi (so a tilted pass, :func:`fdp.pld.compose.compose`, would
-    tighten the bracket noticeably); below that a tilted pass costs time for nothing."""
-    limit = 0.1 * rtol * hi if math.isfinite(hi) else 0.0
+    tighten the bracket noticeably); below that a tilted pass costs time for nothing.
+
+    The shift is exact for the side (its eps with and without the charge), and a bracket
+    is set by two sides (one pessimistic, one optimistic): kept below rtol * hi / 20 each,
+    the round-off's part of the bracket is at most rtol * hi / 10, whatever the split."""
+    limit = 0.05 * rtol * hi if math.isfinite(hi) else 0.0
     return round_off_epsilon_shift(pld, delta) > limit
 
 
@@ -111,9 +117,30 @@ def tail_budget(delta: float) -> float:
     return max(1e-4 * delta, 1e-300)
 
 
-def reported(lo: float, hi: float, delta: float, rtol: float, fixed_grid: bool = False) -> tuple[float, float]:
-    """(lo, hi), with a warning when the bounds are not as tight as asked; it names the
-    settings that narrow them (a fixed ``grid_spacing`` is never refined)."""
+def widening_advice(stopped_by: str | None, *, grid_spacing: float | None, max_refinements: int,
+                    grid_scale: float, max_points: int) -> str:
+    """What narrows a bracket that a pass left wider than its tolerance, by why the pass
+    stopped (:attr:`fdp.pld.refinement.PassResult.stopped_by`): the setting and its value."""
+    if stopped_by == "fixed" and grid_spacing is not None:
+        return (f"narrow it with a smaller grid_spacing of fdp.PLDAccountant (grid_spacing={grid_spacing / 4:.3g}), "
+                f"or grid_spacing=None: the automatic grid, refined as needed")
+    if stopped_by == "refinements" and max_refinements < 8:
+        return f"narrow it with fdp.PLDAccountant(max_refinements={min(8, max_refinements + 3)})"
+    if stopped_by == "refinements":
+        return f"narrow it with fdp.PLDAccountant(grid_scale={grid_scale / 4:.3g})"
+    if stopped_by == "points" and max_points < 1 << 27:
+        return f"narrow it with fdp.PLDAccountant(max_points={min(1 << 27, 4 * max_points)})"
+    return (f"try a finer grid, fdp.PLDAccountant(grid_scale={grid_scale / 16:.3g}): halving it stopped "
+            f"narrowing the bracket, so what is left may be the mechanisms' own discretisation (their "
+            f"cells) or the float round-off, which no setting removes")
+
+
+_PASS_IT_ON = ", passed as accountant= to fdp_tf.PrivacyCallback, fdp.dpsgd or fdp.calibrate_noise_multiplier"
+
+
+def reported(lo: float, hi: float, delta: float, rtol: float, advice: str) -> tuple[float, float]:
+    """(lo, hi) of an epsilon query, with a warning when the bounds are not as tight as
+    asked (hi - lo > rtol * hi); ``advice`` (:func:`widening_advice`) says what narrows them."""
     if hi == math.inf:
         warnings.warn(
             f"the certified upper bound on epsilon at delta={delta:.3g} is inf: the composed "
@@ -124,11 +151,22 @@ def reported(lo: float, hi: float, delta: float, rtol: float, fixed_grid: bool =
     elif hi - lo > rtol * hi and hi - lo > EPSILON_ATOL:
         warnings.warn(
             f"epsilon bounds [{lo:.6g}, {hi:.6g}] are wider than the relative tolerance {rtol:g}; "
-            f"report the upper one, or narrow them with "
-            + ("a smaller grid_spacing of fdp.PLDAccountant (or grid_spacing=None: the automatic "
-               "grid, refined as needed)" if fixed_grid else
-               "fdp.PLDAccountant(max_refinements=6) (or a smaller grid_scale, a larger max_points)")
-            + ", passed as accountant= to fdp_tf.PrivacyCallback, fdp.dpsgd or fdp.calibrate_noise_multiplier",
+            f"report the upper one, or {advice}" + (_PASS_IT_ON if advice.startswith(("narrow", "try")) else ""),
+            stacklevel=3,
+        )
+    return lo, hi
+
+
+def reported_delta(lo: float, hi: float, epsilon: float, rtol: float, converged: bool,
+                   advice: str) -> tuple[float, float]:
+    """(lo, hi) of a delta query, with a warning when the bracket is wider than its
+    tolerance (``converged``: :func:`fdp.pld.refinement.delta_within_tolerance`)."""
+    if not converged:
+        warnings.warn(
+            f"delta bounds [{lo:.6g}, {hi:.6g}] at epsilon={epsilon:.6g} are wider than the tolerance "
+            + (f"(more than {rtol:g} relative, and the upper curve reaches delta={lo:.3g} only beyond "
+               f"epsilon + {rtol:g} * max(epsilon, 1)); " if lo > 0.0 else "(the lower bound is 0); ")
+            + f"report the upper one, or {advice}" + (_PASS_IT_ON if advice.startswith(("narrow", "try")) else ""),
             stacklevel=3,
         )
     return lo, hi

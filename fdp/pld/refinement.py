@@ -10,12 +10,15 @@ larger FFT's round-off charge can loosen a side at a finer level.
 While the bracket is wider than the tolerance, ONE side of the direction that sets
 the upper bound is refined: the optimistic side first (the merging discretisation
 is the looser one), the pessimistic side once the optimistic one has stopped moving,
-at most ``max_refinements`` times each. A side whose halving moved it by less than
-a quarter of what the bracket still lacks (gap - rtol * upper, for an eps query; the
-gap, for a delta query) has converged in h and is not refined again. (Not a quarter
-of the whole gap: the JL mechanism's optimistic side moved 7e-4, then 7.5e-4, then
-1.2e-3 over three halvings, r = 30, T = 8, p = 0.125, so a small first move does not
-mean that the next ones are smaller; the bracket lacked 8e-4 there.)
+at most ``max_refinements`` times each. A side whose last two halvings each moved it
+by less than a quarter of what the bracket still lacks (gap - rtol * upper, for an
+eps query; the gap, for a delta query), or whose halving made it looser, has converged
+in h and is not refined again. (Not a quarter of the whole gap: the JL mechanism's
+optimistic side moved 7e-4, then 7.5e-4, then 1.2e-3 over three halvings, r = 30,
+T = 8, p = 0.125, so a small first move does not mean that the next ones are smaller;
+the bracket lacked 8e-4 there. Not one small move: atoms off the grid (randomized
+response beside Gaussians) moved the merging side by 8.7e-5, then 3.5e-4, of a 6.4e-4
+gap, as the grid's alignment with them changed.)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from fdp.pld.cells import Direction
 from fdp.pld.pmf import DiscretePLD
 
-__all__ = ["PassResult", "delta_pass", "epsilon_pass"]
+__all__ = ["PassResult", "delta_pass", "delta_within_tolerance", "epsilon_pass"]
 
 #: side(direction, pessimistic, level) -> the composed PLD of that side.
 Side = Callable[[Direction, bool, int], DiscretePLD]
@@ -49,6 +52,11 @@ class PassResult:
     converged: bool
     #: Each side's best value, and the level where it was reached.
     best: dict[tuple[Direction, bool], tuple[float, int]]
+    #: Why a pass that did not converge stopped (None if it converged): "fixed" (a fixed
+    #: grid), "refinements" (a side still moving had max_refinements halvings), "points"
+    #: (a finer grid needed more than max_points) or "converged-in-h" (halving h no longer
+    #: moves the bounds: the rest is the mechanism's cells or the round-off).
+    stopped_by: str | None = None
 
 
 class _Levels:
@@ -64,6 +72,10 @@ class _Levels:
         self.carried = set(start)
         self.values: dict[tuple[Direction, bool, int], float] = {}
         self.stalled: set[tuple[Direction, bool]] = set()
+        #: consecutive halvings of each side that moved it by < 1/4 of what was lacking
+        self.small_moves: dict[tuple[Direction, bool], int] = {}
+        #: sides whose next level would not fit max_points
+        self.too_big: set[tuple[Direction, bool]] = set()
 
     def pld(self, d: Direction, pessimistic: bool) -> DiscretePLD:
         return self.side(d, pessimistic, self.level[(d, pessimistic)])
@@ -93,6 +105,19 @@ class _Levels:
     def sides(self) -> dict[tuple[Direction, bool], DiscretePLD]:
         return {key: self.pld(*key) for key, lvl in self.level.items() if lvl >= 0}
 
+    def stopped_by(self, d: Direction, refine: bool, converged: bool, max_refinements: int) -> str | None:
+        """Why refining direction ``d`` stopped (see :attr:`PassResult.stopped_by`)."""
+        if converged:
+            return None
+        if not refine:
+            return "fixed"
+        sides = [(d, s) for s in (False, True)]
+        if any(key not in self.stalled and self.level[key] >= max_refinements for key in sides):
+            return "refinements"
+        if any(key in self.too_big for key in sides):
+            return "points"
+        return "converged-in-h"
+
     def refine(self, d: Direction, max_refinements: int, lacking: float) -> bool:
         """Halve h on one side of ``d`` (see the module docstring); ``lacking``: how much the
         bracket still has to narrow. False when no side can be refined."""
@@ -107,8 +132,13 @@ class _Levels:
         except ValueError:  # the finer grid needs more than max_points: keep this level
             self.level[(d, s)] -= 1
             self.stalled.add((d, s))
+            self.too_big.add((d, s))
             return True
-        if abs(after - before) < 0.25 * lacking or not self._better(after, before, s):
+        # (an unchanged value, e.g. a lower bound still 0, says that h has not resolved the
+        # query yet, not that it has converged)
+        small = abs(after - before) < 0.25 * lacking and after != before
+        self.small_moves[(d, s)] = self.small_moves.get((d, s), 0) + 1 if small else 0
+        if self.small_moves[(d, s)] >= 2 or (after != before and not self._better(after, before, s)):
             # converged in h: what is left of the gap is the other side's (or the
             # mechanism's own cells'); or looser (round-off, a floored spacing):
             # refining this side again would not close it
@@ -148,16 +178,26 @@ def epsilon_pass(side: Side, directions: Sequence[Direction], delta: float, rtol
         if not state.refine(d, max_refinements, gap - rtol * hi):
             break
     return PassResult(lower=lo, upper=hi, leading=d, uppers=uppers, sides=state.sides(), converged=converged,
-                      best=dict(state.best))
+                      best=dict(state.best),
+                      stopped_by=state.stopped_by(d, refine, converged, max_refinements))
+
+
+def delta_within_tolerance(lo: float, hi: float, epsilon: float, rtol: float, upper: DiscretePLD) -> bool:
+    """The tolerance of a delta query: hi - lo <= rtol * hi (relative, as for epsilon), or
+    the upper curve (``upper``'s delta) comes down to ``lo`` within rtol * max(eps, 1) of
+    eps: as tight as an epsilon bracket would be (a relative gap on delta alone would ask
+    far more where delta(eps) is steep, the other alone where it is flat)."""
+    if hi <= lo or lo >= 1.0 or hi - lo <= rtol * hi:
+        return True
+    return lo > 0.0 and upper.epsilon(lo) - epsilon <= rtol * max(epsilon, 1.0)
 
 
 def delta_pass(side: Side, directions: Sequence[Direction], epsilon: float, rtol: float,
                max_refinements: int, refine: bool, start: dict | None = None) -> PassResult:
     """Bounds on delta(eps) = max over ``directions`` of delta_direction(eps).
 
-    Refined until the upper curve comes down to the lower bound ``lo`` within
-    ``rtol * max(eps, 1)`` of ``eps`` (a relative gap on delta itself would ask far
-    more where delta(eps) is steep). ``start`` as in :func:`epsilon_pass`.
+    Refined until the bracket is within tolerance (:func:`delta_within_tolerance`).
+    ``start`` as in :func:`epsilon_pass`.
     """
     levels = {(d, s): 0 for d in directions for s in (True, False)}
     state = _Levels(side, lambda pld: float(pld.delta(epsilon)), levels, start)
@@ -170,11 +210,11 @@ def delta_pass(side: Side, directions: Sequence[Direction], epsilon: float, rtol
         lo = max(state.bound(d, False) for d in directions)
         d = max(uppers, key=uppers.get)
         # converged: the upper curve is down to lo within the tolerance of eps
-        converged = hi <= lo or lo >= 1.0 or (
-            lo > 0.0 and state.pld(d, True).epsilon(lo) - epsilon <= rtol * max(epsilon, 1.0))
+        converged = delta_within_tolerance(lo, hi, epsilon, rtol, state.pld(d, True))
         if not refine or converged:
             break
         if not state.refine(d, max_refinements, hi - lo):
             break
     return PassResult(lower=lo, upper=hi, leading=d, uppers=uppers, sides=state.sides(), converged=converged,
-                      best=dict(state.best))
+                      best=dict(state.best),
+                      stopped_by=state.stopped_by(d, refine, converged, max_refinements))

@@ -22,6 +22,7 @@ __all__ = [
     "bisect_monotone",
     "golden_max",
     "concave_max_upper_bound",
+    "secant_lower_polygon",
     "default_alpha_grid",
 ]
 
@@ -199,3 +200,34 @@ def default_alpha_grid(num_points: int = 1025, num_log: int = 161) -> np.ndarray
     lin = np.linspace(0.0, 1.0, num_points)
     tail = np.geomspace(1e-16, 0.5, num_log)
     return np.unique(np.concatenate([lin, tail, 1.0 - tail]))
+
+
+def secant_lower_polygon(x: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices of max(l_{i-1}, l_{i+1}, 0) on each [x_i, x_{i+1}] (see TradeoffCurve.to_piecewise_linear)."""
+    n = x.size - 1  # number of intervals
+    dx = np.diff(x)
+    s = np.diff(f) / dx
+    i = np.arange(n)
+    has_a = i >= 1
+    has_b = i + 1 <= n - 1
+    sa = np.where(has_a, s[np.maximum(i - 1, 0)], np.nan)  # l_{i-1}: through (x_i, f_i)
+    sb = np.where(has_b, s[np.minimum(i + 1, n - 1)], np.nan)  # l_{i+1}: through (x_{i+1}, f_{i+1})
+    xl, xr, fl, fr = x[:-1], x[1:], f[:-1], f[1:]
+
+    def lines(xx: np.ndarray) -> np.ndarray:
+        a = fl + sa * (xx - xl)
+        b = fr + sb * (xx - xr)
+        return np.fmax(np.fmax(a, b), 0.0)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xc = (fr - fl - sb * xr + sa * xl) / (sa - sb)
+        # zero crossing of l_{i-1} (matters on the last interval only)
+        xz = xl - fl / sa
+    xc = np.clip(np.where(np.isfinite(xc), xc, xl), xl, xr)
+    xz = np.clip(np.where(np.isfinite(xz), xz, xr), xl, xr)
+    px = np.concatenate([xl, xr, xc, xz])
+    py = np.concatenate([lines(xl), lines(xr), lines(xc), lines(xz)])
+    py = np.minimum(py, np.concatenate([fl, fr, np.full(2 * n, np.inf)]))
+    # The endpoint values: at x_i the polygon passes through f_i (exact samples).
+    py = np.clip(py, 0.0, 1.0)
+    return px, py

@@ -27,14 +27,14 @@ f*(y) = sup_alpha (y alpha - f(alpha)) the convex conjugate.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from fdp._validation import check_array, check_real, check_sampling_rate, format_value
+from fdp._validation import check_array, check_integer, check_real, check_sampling_rate, format_value
 from fdp.tradeoff import _numeric
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover - annotations only, never run
     from fdp.tradeoff.piecewise import PiecewiseLinearCurve
 
 __all__ = ["TradeoffCurve", "conjugate_delta", "EPSILON_SEARCH_MAX"]
@@ -44,6 +44,19 @@ __all__ = ["TradeoffCurve", "conjugate_delta", "EPSILON_SEARCH_MAX"]
 EPSILON_SEARCH_MAX = 1000.0
 
 _DIRECTIONS = ("remove", "add")
+
+
+#: The classes the generic operations return, by name: their modules import this one, so
+#: they register them (:func:`_result_class`) instead of being imported here (no cycle);
+#: fdp/tradeoff/__init__.py imports them all before any of its modules can be used.
+_RESULT_CLASSES: dict[str, Any] = {}
+_C = TypeVar("_C", bound=type)
+
+
+def _result_class(cls: _C) -> _C:
+    """Class decorator: make ``cls`` available to the generic operations of this module."""
+    _RESULT_CLASSES[cls.__name__] = cls
+    return cls
 
 
 def _as_output(values: np.ndarray, like: np.ndarray) -> float | np.ndarray:
@@ -106,9 +119,7 @@ class TradeoffCurve(abc.ABC):
         vectorised bisection on the non-increasing f (see
         :class:`~fdp.tradeoff.operations.InverseCurve`).
         """
-        from fdp.tradeoff.operations import InverseCurve
-
-        return InverseCurve(base=self)
+        return _RESULT_CLASSES["InverseCurve"](base=self)
 
     def symmetrized(self) -> TradeoffCurve:
         """The symmetric curve g = min{f, f^-1}** (lower convex envelope).
@@ -151,11 +162,9 @@ class TradeoffCurve(abc.ABC):
         Raises:
           ValueError: p outside (0, 1] or an unknown direction.
         """
-        from fdp.tradeoff.operations import SubsampledCurve
-
         rate = check_sampling_rate(p, name="p")
         _check_direction(direction)
-        curve = self if rate == 1.0 else SubsampledCurve(base=self, sampling_rate=rate)
+        curve = self if rate == 1.0 else _RESULT_CLASSES["SubsampledCurve"](base=self, sampling_rate=rate)
         return curve if direction == "remove" else curve.inverse()
 
     # --------------------------------------------------------------- duality
@@ -286,9 +295,7 @@ class TradeoffCurve(abc.ABC):
         Raises:
           ValueError: bad num_points or side.
         """
-        from fdp._validation import check_integer
-        from fdp.tradeoff.piecewise import PiecewiseLinearCurve
-
+        piecewise = _RESULT_CLASSES["PiecewiseLinearCurve"]
         n = check_integer("num_points", num_points, low=3)
         if side not in ("lower", "upper"):
             raise ValueError(f"side must be one of 'lower', 'upper'; got {format_value(side)}")
@@ -300,9 +307,9 @@ class TradeoffCurve(abc.ABC):
         fx = self._evaluate(x)
         fc = self._evaluate_complement(x)
         if side == "upper":
-            return PiecewiseLinearCurve._from_vertices(x, fx, 1.0 - x, fc)
-        px, py = _secant_lower_polygon(x, fx)
-        return PiecewiseLinearCurve._from_vertices(px, py, 1.0 - px, 1.0 - py)
+            return piecewise._from_vertices(x, fx, 1.0 - x, fc)
+        px, py = _numeric.secant_lower_polygon(x, fx)
+        return piecewise._from_vertices(px, py, 1.0 - px, 1.0 - py)
 
     # ----------------------------------------------------------------- plot
     def plot(self, ax: Any = None, *, show_identity: bool = True, **kwargs: Any) -> Any:
@@ -338,37 +345,6 @@ class TradeoffCurve(abc.ABC):
 def _check_direction(direction: Any) -> None:
     if direction not in _DIRECTIONS:
         raise ValueError(f"direction must be one of 'remove', 'add'; got {format_value(direction)}")
-
-
-def _secant_lower_polygon(x: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Vertices of max(l_{i-1}, l_{i+1}, 0) on each [x_i, x_{i+1}] (see to_piecewise_linear)."""
-    n = x.size - 1  # number of intervals
-    dx = np.diff(x)
-    s = np.diff(f) / dx
-    i = np.arange(n)
-    has_a = i >= 1
-    has_b = i + 1 <= n - 1
-    sa = np.where(has_a, s[np.maximum(i - 1, 0)], np.nan)  # l_{i-1}: through (x_i, f_i)
-    sb = np.where(has_b, s[np.minimum(i + 1, n - 1)], np.nan)  # l_{i+1}: through (x_{i+1}, f_{i+1})
-    xl, xr, fl, fr = x[:-1], x[1:], f[:-1], f[1:]
-
-    def lines(xx: np.ndarray) -> np.ndarray:
-        a = fl + sa * (xx - xl)
-        b = fr + sb * (xx - xr)
-        return np.fmax(np.fmax(a, b), 0.0)
-
-    with np.errstate(divide="ignore", invalid="ignore"):
-        xc = (fr - fl - sb * xr + sa * xl) / (sa - sb)
-        # zero crossing of l_{i-1} (matters on the last interval only)
-        xz = xl - fl / sa
-    xc = np.clip(np.where(np.isfinite(xc), xc, xl), xl, xr)
-    xz = np.clip(np.where(np.isfinite(xz), xz, xr), xl, xr)
-    px = np.concatenate([xl, xr, xc, xz])
-    py = np.concatenate([lines(xl), lines(xr), lines(xc), lines(xz)])
-    py = np.minimum(py, np.concatenate([fl, fr, np.full(2 * n, np.inf)]))
-    # The endpoint values: at x_i the polygon passes through f_i (exact samples).
-    py = np.clip(py, 0.0, 1.0)
-    return px, py
 
 
 def conjugate_delta(curve: TradeoffCurve, epsilon: np.ndarray, *, mirrored: bool = False) -> np.ndarray:

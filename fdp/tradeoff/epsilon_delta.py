@@ -26,7 +26,7 @@ import numpy as np
 
 from fdp._kernels.hull import lower_hull_indices
 from fdp._validation import check_array, check_integer
-from fdp.tradeoff.piecewise import PiecewiseLinearCurve
+from fdp.tradeoff.piecewise import PiecewiseLinearCurve, convex_minimum
 
 __all__ = ["composed_tradeoff", "epsilon_delta_curve", "from_delta", "profile_envelope"]
 
@@ -101,7 +101,6 @@ def composed_tradeoff(plds: dict[Any, Any]) -> PiecewiseLinearCurve:
     One direction (a symmetric composition): its envelope, symmetrised.
     """
     from fdp.pld.cells import Direction
-    from fdp.tradeoff import convex_minimum
 
     curves = []
     for direction, pld in plds.items():

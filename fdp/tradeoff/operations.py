@@ -14,11 +14,12 @@ import numpy as np
 
 from fdp._validation import check_array, check_sampling_rate
 from fdp.tradeoff import _numeric
-from fdp.tradeoff.base import TradeoffCurve, _as_output, conjugate_delta
+from fdp.tradeoff.base import TradeoffCurve, _as_output, _result_class, conjugate_delta
 
 __all__ = ["InverseCurve", "SubsampledCurve"]
 
 
+@_result_class
 @dataclass(frozen=True)
 class InverseCurve(TradeoffCurve):
     """f^-1(alpha) = inf { t in [0, 1] : f(t) <= alpha } for a base curve f.
@@ -81,6 +82,7 @@ class InverseCurve(TradeoffCurve):
         return self.base._evaluate(v) if v.size else v
 
 
+@_result_class
 @dataclass(frozen=True)
 class SubsampledCurve(TradeoffCurve):
     """f_p = p f + (1 - p) Id, Id(alpha) = 1 - alpha: Poisson subsampling at rate p.

@@ -20,7 +20,7 @@ import numpy as np
 
 from fdp._kernels.hull import lower_hull_indices
 from fdp._validation import check_array, check_probability, check_sampling_rate, format_value
-from fdp.tradeoff.base import TradeoffCurve, _as_output, _check_direction
+from fdp.tradeoff.base import TradeoffCurve, _as_output, _check_direction, _result_class
 
 __all__ = ["PiecewiseLinearCurve", "convex_minimum", "identity_curve"]
 
@@ -29,6 +29,7 @@ __all__ = ["PiecewiseLinearCurve", "convex_minimum", "identity_curve"]
 VERTEX_TOL = 1e-9
 
 
+@_result_class
 @dataclass(frozen=True, eq=False, repr=False, init=False)
 class PiecewiseLinearCurve(TradeoffCurve):
     """A convex polygon f through vertices (alpha_k, beta_k), 0 = alpha_0 < ... < alpha_n = 1.
