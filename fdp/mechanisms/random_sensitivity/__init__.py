@@ -48,8 +48,9 @@ of an unbounded Z has z_K = inf: its pessimistic component is the singular pair
 add -> P-mass w at L = -log(1-p) (+inf at p = 1). Its optimistic component uses
 the finite z_{K-1}; the bottom cell's optimistic component (z_0 = 0) is mu = 0,
 a point mass at L = 0. The cells are chosen adaptively (:func:`partition`):
-relative width <= ``ETA_REL`` where the loss is large (there the loss ~ mu^2/2
-and its relative error is 2x the width), plus bisection of the cells that
+relative width <= ``ETA_REL`` at every mu > 0 (delta_mu(eps) moves on a scale
+that is a fixed fraction of mu, small or large; finer where mu is large), plus
+bisection of the cells that
 dominate sum_j w_j [D(mu_hi) - D(mu_lo)], D(mu) = log(1 + p^2 (e^{mu^2} - 1))
 (the Renyi-2 divergence of a subsampled Gaussian, a proxy of each cell's share
 of the composed loss), until that sum is <= ``ETA_BULK`` * sum_j w_j D(mu_j).

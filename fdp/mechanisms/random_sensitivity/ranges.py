@@ -33,8 +33,12 @@ def loss_range(law: ZLaw, sigma: float, p: float, direction: Direction,
         P(L > ell) <= (1-p) Phibar(sqrt(2A)) + p [P(Z/sigma > mu*) + Phibar(A/mu* - mu*/2)].
     Each term is made <= tail_mass/3. The add direction's lower tail obeys the
     first bound (P(L < -ell) <= Phibar(sqrt(2A))); its upper end is -log(1-p). At
-    p = 1 both directions have the remove direction's law, and the lower tail is
-    P(L < -ell) <= P(Z/sigma > mu*) + Phi(-ell/mu*) (L >= mu (X - mu)).
+    p = 1 both directions have the remove direction's law, L = mu^2/2 + mu xi given mu
+    (xi ~ N(0, 1)), and for every mu and ell >= 0 (AM-GM again)
+        P(L < -ell | mu) = Phi(-(ell/mu + mu/2)) <= Phi(-sqrt(2 ell)),
+    so lo = -z^2/2 with Phi(-z) = tail_mass, whatever the law of Z. (The earlier bound
+    P(Z/sigma > mu*) + Phi(-ell/mu*) followed Z's tail: -6e8 at r = 2, sigma = 2, which
+    made the grid of a capped query ~1e4 times coarser than its answer needs.)
     """
     tau = max(float(tail_mass), 1e-300)
     tau_hi = min(UPPER_TAIL_FACTOR * tau, 0.1)
@@ -61,8 +65,7 @@ def loss_range(law: ZLaw, sigma: float, p: float, direction: Direction,
 
     if p == 1.0:
         hi = upper_remove()
-        ms = mu_star(tau / 2.0)
-        lo = ms * float(special.ndtri(tau / 2.0))
+        lo = -0.5 * max(float(-special.ndtri(tau)), 0.0) ** 2
         return max(lo, -MAX_LOSS), max(hi, max(lo, -MAX_LOSS) + 1e-6)
     if Direction(direction) is Direction.REMOVE:
         return log1mp, upper_remove()
