@@ -180,11 +180,18 @@ def _lines_minimum(pld: Any, alpha: np.ndarray) -> np.ndarray:
     s[eps < -700.0] = 0.0  # (never a subnormal exp)
     out = np.empty(alpha.size)
     rows = max(1, _BLOCK // max(s.size, 1))
-    with np.errstate(over="ignore", invalid="ignore"):
+    big = eps > 700.0  # e^{eps_j} overflows: e^{eps_j} alpha from its log (alpha may be subnormal)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for i in range(0, alpha.size, rows):
             a = alpha[i:i + rows, None]
-            r = np.where(a > 0.0, s * a, 0.0) + d  # (inf * 0 never enters)
-            out[i:i + rows] = np.min(r, axis=1)
+            product = np.where(a > 0.0, s * a, 0.0)  # (inf * 0 never enters)
+            if big.any():
+                log_a = np.log(a)
+                t = eps[big] + log_a
+                # log within 1 ulp (2u |log a|), the sum within u |t|, charged as 4u each; exp as 16u
+                slack = 4.0 * _U * (np.abs(eps[big]) + np.abs(log_a) + np.abs(t))
+                product[:, big] = np.where(a > 0.0, np.exp(t - slack) * (1.0 - 16.0 * _U), 0.0)
+            out[i:i + rows] = np.min(product + d, axis=1)
     # r_j <= (s_j alpha + d_j)(1 + u)^2 + 2^-1075 (1 + u): take one float off, then 1 - 4u
     return np.maximum(np.nextafter(np.nextafter(out, -np.inf) * (1.0 - 4.0 * _U), -np.inf), 0.0)
 

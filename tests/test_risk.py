@@ -240,3 +240,15 @@ def test_the_profile_on_the_grid_is_rounded_to_the_safe_side(mechanism, steps):
                     assert mp.mpf(float(eps[j])) <= grid - le and mp.mpf(float(d[j])) <= max(exact, 0)
                 else:
                     assert mp.mpf(float(eps[j])) >= grid + le and mp.mpf(float(d[j])) >= min(exact, 1)
+
+
+@pytest.mark.parametrize("eps0, steps, fpr", [(720.0, 1, 5e-324), (720.0, 1, 1e-315), (360.0, 2, 5e-324)])
+def test_tpr_lower_at_a_subnormal_fpr_stays_below_the_truth(eps0, steps, fpr):
+    """Red team: e^{eps_j} overflowed for grid losses above 709, the line that attains the
+    minimum dropped out, and tpr_lower came out ~1 where the best TPR is 2.4e-11 (RR(720),
+    FPR 5e-324). Below the top atom's Q-mass the best test has TPR = FPR e^{T eps0}."""
+    acc = fdp.PLDAccountant().compose(fdp.RandomizedResponse(epsilon=eps0), steps)
+    risk = fdp.attack_risk(acc, fpr=[fpr])
+    with mp.workdps(50):
+        exact = min(mp.mpf(fpr) * mp.e ** (steps * mp.mpf(eps0)), 1)
+    assert mp.mpf(float(risk.tpr_lower[0])) <= exact <= mp.mpf(float(risk.tpr_upper[0]))
