@@ -1,22 +1,30 @@
 """What the run-time privacy checks cost: the same step with and without them, interleaved.
 
-The checks of a private step are the rerun on the examples with a finite loss
-(every optimizer) and, for exact layer-wise clipping, the coverage check (the
-tape's gradient of the weights, which only the uses the taps missed reach; see
-``fdp_tf.layerwise.escaped_gradients_vanish``). Their cost is a ratio of two
-step times of one process, so this script measures it without the drift of a
-shared machine: for each model it traces a non-DP step, each DP step with the
+The checks of every private step (``fdp_tf.verify``): one loss per input row, the
+non-trainable weights compared before and after the step, the read of the
+verification flags (whether this trace still needs its probe, whether the
+first-choice method failed), the rerun on the examples whose loss or norm is not
+finite and, for exact layer-wise clipping, the coverage check (the tape's gradient
+of the weights, which only the uses the taps missed reach). Their cost is a ratio
+of two step times of one process, so this script measures it without the drift of
+a shared machine: for each model it traces a non-DP step, each DP step with the
 checks and the same DP step without them, then calls them in turn, round after
 round (the order rotates), on the same Poisson batch sizes. Reported: the median
 step time of each variant and the median over rounds of the paired ratio
 checked / unchecked, with its interquartile range.
 
-    python benchmarks/check_cost.py [--models mnist imdb] [--rounds 40] [--json PATH] [--quick]
+The first step of every trace also runs the probe (row independence, 1 + 2
+ceil(log2 b) passes, and the per-example method against the batch gradient). The
+"probe" variants reset the verification flags before every step, so that every
+step probes; their time minus the checked step's is what the probe adds to the
+first step. The first call of each variant (tracing included) is reported too.
 
-The unchecked variants exist only inside this script (a patch of two functions
-while they trace); what they release is still the taps' reconstruction, so they
-are private, but on a model that reads a weight outside its layer their
-gradient is not the model's.
+    python benchmarks/check_cost.py [--models mnist imdb frozen] [--rounds 40] [--probe-rounds 3]
+        [--json PATH] [--quick]
+
+The unchecked variants exist only inside this script (a patch of three functions
+while they trace); what they release is still clipped and noised, but nothing is
+verified, so on a model that mixes rows it is not private.
 """
 
 from __future__ import annotations
@@ -31,12 +39,15 @@ from typing import Any, Callable, Iterator
 
 from training import L2_NORM_CLIP, LEARNING_RATE, NOISE_MULTIPLIER, _build, _data, _quantile
 
-VARIANTS = ("non-DP", "JL r=1", "JL r=1, checks off", "exact", "exact, checks off")
+VARIANTS = ("non-DP", "JL r=1", "JL r=1, checks off", "JL r=1, probe", "exact", "exact, checks off",
+            "exact, probe")
 
 
 @contextlib.contextmanager
 def without_checks() -> Iterator[None]:
-    """Switch off the checks (the non-finite rerun and the layer-wise coverage check)."""
+    """Switch off every run-time check: the verified step (probe, state guard, method
+    fallback, non-finite rerun), the one-loss-per-row check and the coverage check."""
+    import fdp_tf.model
     import fdp_tf.optimizers
     import fdp_tf.per_example
 
@@ -45,26 +56,51 @@ def without_checks() -> Iterator[None]:
     def unchecked(*args: Any, **kwargs: Any) -> Any:
         return checked(*args, **{**kwargs, "check": False})
 
-    saved = fdp_tf.optimizers.without_nonfinite_examples
-    fdp_tf.optimizers.without_nonfinite_examples = lambda result, rerun: result
+    def bare(optimizer: Any, forward_fn: Any, variables: Any, model: Any, *rest: Any) -> Any:
+        return optimizer._private_gradient(forward_fn, list(variables), model)
+
+    saved = fdp_tf.optimizers.verified_private_gradient, fdp_tf.model.one_loss_per_row
+    fdp_tf.optimizers.verified_private_gradient = bare
+    fdp_tf.model.one_loss_per_row = lambda losses, inputs: losses
     fdp_tf.per_example.layerwise_norms = unchecked
     try:
         yield
     finally:
-        fdp_tf.optimizers.without_nonfinite_examples = saved
+        fdp_tf.optimizers.verified_private_gradient, fdp_tf.model.one_loss_per_row = saved
         fdp_tf.per_example.layerwise_norms = checked
 
 
-def _step_function(model_name: str, variant: str, batch: int, length: int, rounds: int) -> Callable[[], float]:
-    """A traced training step of one variant; calling it runs one step and returns seconds."""
+def _frozen_model() -> Any:
+    """Dense(1024) frozen (263,168 non-trainable values: what the state guard compares
+    every step) -> Dense(10)."""
+    import keras
+
+    frozen = keras.layers.Dense(1024, activation="relu")
+    model = keras.Sequential([keras.Input((256,)), frozen, keras.layers.Dense(10)])
+    frozen.trainable = False
+    return model
+
+
+def _frozen_data(n: int) -> tuple[Any, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 256)).astype("float32"), rng.integers(0, 10, size=n).astype("int32")
+
+
+def _step_function(model_name: str, variant: str, batch: int, length: int,
+                   rounds: int) -> tuple[Callable[[], float], float]:
+    """A traced training step of one variant (calling it runs one step and returns
+    seconds) and the seconds of its first call, tracing included."""
     import warnings
 
     import keras
+    import tensorflow as tf
 
     import fdp_tf
 
-    x, y = _data(model_name, 16 * batch, length)
-    model = _build(model_name, length)
+    x, y = _frozen_data(16 * batch) if model_name == "frozen" else _data(model_name, 16 * batch, length)
+    model = _frozen_model() if model_name == "frozen" else _build(model_name, length)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     dp = dict(l2_norm_clip=L2_NORM_CLIP, noise_multiplier=NOISE_MULTIPLIER, learning_rate=LEARNING_RATE)
     if variant == "non-DP":
@@ -80,12 +116,17 @@ def _step_function(model_name: str, variant: str, batch: int, length: int, round
         data = fdp_tf.poisson_batches(x, y, expected_batch_size=batch, steps_per_epoch=rounds + 2, seed=0)
     checks = without_checks if variant.endswith("checks off") else contextlib.nullcontext
     # fit once for two steps: it builds the optimizer and the private-step state
+    start = time.perf_counter()
     with checks():
         trained.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
         train = trained.make_train_function()
+    first = time.perf_counter() - start
     iterator = iter(data.repeat())
+    flags = getattr(getattr(trained, "optimizer", None), "_dp_step_checks", None)
 
     def step() -> float:
+        if variant.endswith("probe") and flags is not None:
+            flags.verified.assign(tf.zeros_like(flags.verified))  # every trace probes again
         with checks():  # a retrace (a new batch shape) must see the same patch
             start = time.perf_counter()
             logs = train(iterator)
@@ -93,29 +134,40 @@ def _step_function(model_name: str, variant: str, batch: int, length: int, round
             return time.perf_counter() - start
 
     step()  # traces
-    return step
+    return step, first
 
 
-def measure(model_name: str, rounds: int, batch: int, length: int) -> dict[str, Any]:
-    steps = {v: _step_function(model_name, v, batch, length, rounds) for v in VARIANTS}
+def measure(model_name: str, rounds: int, batch: int, length: int, probe_rounds: int = 3) -> dict[str, Any]:
+    built = {v: _step_function(model_name, v, batch, length, rounds) for v in VARIANTS}
+    steps = {v: f for v, (f, _) in built.items()}
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    every = [v for v in VARIANTS if not v.endswith("probe")]  # the probe steps are slow: fewer rounds
     for k in range(rounds):
-        order = VARIANTS[k % len(VARIANTS):] + VARIANTS[: k % len(VARIANTS)]
+        order = every[k % len(every):] + every[: k % len(every)]
         for v in order:
             times[v].append(steps[v]())
+    for k in range(probe_rounds):
+        for name in ("JL r=1", "exact"):
+            times[f"{name}, probe"].append(steps[f"{name}, probe"]())
+            times[f"{name}, probe base"] = times.get(f"{name}, probe base", []) + [steps[name]()]
     out: dict[str, Any] = {"model": model_name, "batch": batch, "rounds": rounds,
-                           "seconds": {v: statistics.median(t) for v, t in times.items()}}
+                           "seconds": {v: statistics.median(t) for v, t in times.items()},
+                           "first fit of two steps": {v: first for v, (_, first) in built.items()}}
     for name in ("JL r=1", "exact"):
         ratios = [a / b for a, b in zip(times[name], times[f"{name}, checks off"])]
         out[f"cost {name}"] = {"median": statistics.median(ratios) - 1,
                                "q25": _quantile(ratios, 0.25) - 1, "q75": _quantile(ratios, 0.75) - 1}
+        out[f"probe {name}"] = statistics.median(
+            [a - b for a, b in zip(times[f"{name}, probe"], times[f"{name}, probe base"])])
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=["mnist", "imdb"], default=["mnist", "imdb"])
+    parser.add_argument("--models", nargs="+", choices=["mnist", "imdb", "frozen"], default=["mnist", "imdb"],
+                        help="frozen: a dense model with a frozen 256x1024 layer (the state guard's cost)")
     parser.add_argument("--rounds", type=int, default=40, help="steps per variant, interleaved")
+    parser.add_argument("--probe-rounds", type=int, default=3, help="probing steps per optimizer")
     parser.add_argument("--batch-size", type=int, default=64, help="IMDb expected batch")
     parser.add_argument("--mnist-batch-size", type=int, default=256)
     parser.add_argument("--length", type=int, default=150, help="IMDb tokens per review")
@@ -129,18 +181,20 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         batch = args.batch_size if name == "imdb" else args.mnist_batch_size
-        result = measure(name, args.rounds, batch, args.length)
+        result = measure(name, args.rounds, batch, args.length, args.probe_rounds)
         results.append(result)
         print(f"\n{name}, expected batch {batch}, {args.rounds} interleaved rounds")
-        print("| variant | s/step (median) | × non-DP |")
-        print("|---|---|---|")
+        print("| variant | s/step (median) | × non-DP | first fit, 2 steps (s) |")
+        print("|---|---|---|---|")
         base = result["seconds"]["non-DP"]
         for v in VARIANTS:
-            print(f"| {v} | {result['seconds'][v]:.4f} | {result['seconds'][v] / base:.2f}× |")
+            print(f"| {v} | {result['seconds'][v]:.4f} | {result['seconds'][v] / base:.2f}× "
+                  f"| {result['first fit of two steps'][v]:.1f} |")
         for opt in ("JL r=1", "exact"):
             c = result[f"cost {opt}"]
             print(f"checks cost, {opt}: {100 * c['median']:+.1f} % of the step "
-                  f"(paired ratio, IQR {100 * c['q25']:+.1f} … {100 * c['q75']:+.1f} %)")
+                  f"(paired ratio, IQR {100 * c['q25']:+.1f} … {100 * c['q75']:+.1f} %); "
+                  f"the probe adds {result[f'probe {opt}']:.3f} s to the first step of a trace")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

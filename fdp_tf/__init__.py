@@ -18,8 +18,12 @@ Public API::
 Module map (one concept each): ``randomness`` (OS-entropy noise), ``forward`` (the
 recorded pass), ``clipping`` (clip factors, release with noise), ``jl`` (the JL
 estimator), ``per_example`` (exact clipping), ``layerwise`` (exact norms layer by
-layer), ``ledger`` (what ran, its epsilon), ``guards`` (what is refused),
-``sampling``, ``losses``, ``optimizers``, ``model``, ``callbacks``.
+layer), ``ledger`` (what ran, its epsilon), ``odometer`` (every release booked, no
+restore unspends), ``guards`` (what is refused), ``verify`` / ``probes`` /
+``refusals`` (what each step verifies before it releases: one loss per row, rows
+independent, the per-example method right, no state changed), ``sampling``,
+``fit_inputs`` (how fit's input is sampled), ``losses``, ``optimizers``, ``model``,
+``callbacks``.
 """
 
 try:
@@ -55,6 +59,7 @@ from fdp_tf.losses import per_example_loss_fn
 from fdp_tf.model import PrivateModel, make_private
 from fdp_tf.optimizers import DPAdamJL, DPAdamVanilla, DPOptimizer, DPSGDJL, DPSGDVanilla
 from fdp_tf.per_example import per_example_gradients, per_example_norms, vanilla_private_gradient
+from fdp_tf.probes import one_loss_per_row
 from fdp_tf.randomness import NotPrivateWarning, add_gaussian_noise
 from fdp_tf.sampling import PoissonSampling, SamplingWarning, poisson_batches, poisson_sampling_of
 
@@ -86,6 +91,7 @@ __all__ = [
     "jl_private_gradient",
     "looped_rnn_layers",
     "make_private",
+    "one_loss_per_row",
     "per_example_gradients",
     "per_example_loss_fn",
     "per_example_norms",

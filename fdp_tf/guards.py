@@ -7,10 +7,14 @@ that also releases data another way breaks the guarantee:
   the whole batch (examples interact, so no per-example gradient exists) and
   updates its moving mean and variance from raw batch data with no noise;
 * a stateful RNN carries batch t's state into batch t+1;
-* any non-trainable variable that a training forward pass updates from the data
-  (found at run time: its value changes during the first step);
+* any non-trainable variable that a private step changes (e.g. a running statistic
+  updated from the data): :class:`StateGuard` compares it before and after *every*
+  step, inside the step, restores it and refuses the step before its gradient is
+  released (the release depends on the check);
 * mixed precision: Keras wraps the optimizer in a ``LossScaleOptimizer``, whose apply
-  bypasses the private clipping and noise.
+  bypasses the private clipping and noise; float16 / bfloat16 layers: per-example
+  norms overflow at 65504 (float16) or lose all but 8 bits, so the clipping is not C;
+* a model with several outputs: one per-example loss of one output is what is clipped.
 """
 
 from __future__ import annotations
@@ -20,10 +24,22 @@ from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from fdp_tf.introspection import iter_layers
+from fdp_tf.refusals import refuse_unless
 
-__all__ = ["NonTrainableWatch", "ReportFallbacks", "WatchFirstStep", "refuse_unsupported_layers"]
+__all__ = [
+    "MULTI_OUTPUT",
+    "NonTrainableWatch",
+    "ReportFallbacks",
+    "StateGuard",
+    "WatchFirstStep",
+    "refuse_multiple_outputs",
+    "refuse_unsupported_layers",
+]
+
+_HALF = ("float16", "bfloat16")
 
 
 def refuse_unsupported_layers(model: Any) -> None:
@@ -51,6 +67,96 @@ def refuse_unsupported_layers(model: Any) -> None:
             "optimizers: loss scaling wraps the optimizer and bypasses its clipping and "
             "noise. Build the model under keras.mixed_precision.set_global_policy('float32')"
         )
+    for layer in iter_layers(model):
+        half = [str(layer.compute_dtype), str(layer.variable_dtype)]
+        if any(d in _HALF for d in half):
+            raise ValueError(
+                f"layer {layer.name!r} ({type(layer).__name__}) computes or stores weights in "
+                f"half precision ({', '.join(sorted(set(d for d in half if d in _HALF)))}): "
+                "per-example gradient norms overflow (float16 tops out at 65504) or keep 8 "
+                "bits (bfloat16), so the clipping would not bound each example by C. Build "
+                "the layer in float32 (drop dtype='float16' / 'bfloat16')."
+            )
+
+
+def refuse_multiple_outputs(model: Any, outputs: Any = None) -> None:
+    """Raise ``ValueError`` if ``model`` (or the given outputs of one call) has several
+    output tensors; a functional model's outputs are known before any step."""
+    if outputs is None:
+        try:
+            outputs = model.outputs
+        except (AttributeError, ValueError):  # subclassed, or a Sequential not built yet
+            return
+    if isinstance(outputs, dict) or isinstance(outputs, (list, tuple)) and len(outputs) > 1:
+        raise ValueError(MULTI_OUTPUT.format(name=getattr(model, "name", "?")))
+
+
+#: Refusal of a model with several outputs (at compile, or at the first step).
+MULTI_OUTPUT = (
+    "model {name!r} has several outputs; differentially private training clips one "
+    "per-example loss of one output tensor. Combine the outputs inside the model (e.g. "
+    "keras.layers.Concatenate) and write one per-example loss for the combined output"
+)
+
+
+class StateGuard:
+    """Refuses a step during which a non-trainable weight of the model changed.
+
+    A running statistic (``BatchNormalization``'s moving mean, a custom layer's) would
+    release raw batch data with no clipping and no noise, and it may change only on rare
+    batches (a layer that updates when a batch holds an outlier), so the check runs on
+    *every* step, in the step: the weights are read before the step (a snapshot, not a
+    copy: a resource variable's read is unaffected by later writes) and compared after
+    it; if any changed, all are restored and the step is refused. The caller gates the
+    release on :meth:`check`, so the gradient of a refused step never reaches
+    ``apply_gradients``. Seed states are not weights (dropout does not count).
+    Cost: reading and comparing the non-trainable weights, nothing for a model without.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.variables = [] if model is None else list(model.non_trainable_weights)
+        self.before = [tf.identity(tf.convert_to_tensor(v)) for v in self.variables]
+
+    def check(self) -> list[Any]:
+        """Compare, restore if changed, and refuse (eagerly: raise ``ValueError``)."""
+        if not self.variables:
+            return []
+        changed = tf.reduce_any(tf.stack([
+            tf.reduce_any(tf.not_equal(_bits(tf.convert_to_tensor(v)), _bits(old)))
+            for v, old in zip(self.variables, self.before)
+        ]))
+
+        def restore() -> tf.Tensor:
+            for v, old in zip(self.variables, self.before):
+                v.assign(old)
+            return tf.constant(True)
+
+        if tf.executing_eagerly():
+            if bool(changed):
+                restore()
+            return refuse_unless(not bool(changed), self.message())
+        restored = tf.cond(changed, restore, lambda: tf.constant(False))
+        with tf.control_dependencies([restored]):
+            return refuse_unless(tf.logical_not(changed), self.message())
+
+    def message(self) -> str:
+        names = ", ".join(getattr(v, "path", v.name) for v in self.variables[:4])
+        more = f" and {len(self.variables) - 4} more" if len(self.variables) > 4 else ""
+        return (
+            f"a training step updated non-trainable weights of the model (among {names}{more}); "
+            "they would carry information about the examples outside the per-example clipping "
+            "and noise, so differentially private training refuses them (their values were "
+            "restored and the step's gradient was not applied). Remove the layer, or make it "
+            "update nothing in training mode (e.g. LayerNormalization instead of a running "
+            "normalisation)."
+        )
+
+
+def _bits(t: tf.Tensor) -> tf.Tensor:
+    """The value's bits as integers: equal for an unchanged NaN, unlike the floats."""
+    if not t.dtype.is_floating:
+        return t
+    return tf.bitcast(t, {2: tf.int16, 4: tf.int32, 8: tf.int64}[t.dtype.size])
 
 
 class NonTrainableWatch:

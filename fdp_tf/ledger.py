@@ -12,16 +12,15 @@ mechanisms multiplies tradeoff curves), a certified upper bound that is exact fo
 multi-phase runs: a later phase at a smaller rate is charged at its own rate, not at
 the larger one, and never hides an earlier phase.
 
-:class:`fdp_tf.PrivateModel` keeps the ledger in a non-trainable variable, so it is
-saved and restored with the weights (``save``, ``save_weights``,
-``BackupAndRestore``, ``ModelCheckpoint``) and survives a recompile with a new
-optimizer.
+:class:`fdp_tf.PrivateModel` keeps the ledger in an odometer (:mod:`fdp_tf.odometer`)
+fed by the optimizer's release; the table saved with the weights is a copy of it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,12 +29,19 @@ from fdp._validation import check_delta, check_integer, check_sampling_rate
 
 __all__ = ["MAX_SEGMENTS", "PrivacyLedger", "Segment", "compute_epsilon"]
 
-MAX_SEGMENTS = 64  # rows of the saved table; a fit that would need more is refused
+MAX_SEGMENTS = 64  # rows of the saved table (more segments are merged by mechanism)
 
 # mechanism codes in the saved table
 NON_PRIVATE, GAUSSIAN, JL = 0, 1, 2
 _KINDS = {NON_PRIVATE: "non_private", GAUSSIAN: "gaussian", JL: "jl"}
-FIELDS = 5  # kind, noise_multiplier, jl_projections, sampling_rate, steps
+FIELDS = 8  # kind, noise_multiplier, jl_projections, sampling_rate, steps, l2_norm_clip,
+#            expected_batch_size, segment_id
+
+# More noise is post-processing of less (add independent noise to the release), so
+# epsilon(sigma) <= epsilon(sigma') for every sigma' <= sigma: where the accountant's
+# grid overflows at a huge sigma (mu = 1/sigma below its resolution), the ledger
+# accounts such segments at a smaller sigma', a valid upper bound that is still ~0.
+_HUGE_SIGMA = 1e3
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,13 @@ class Segment:
       kind: ``"gaussian"`` (exact clipping), ``"jl"`` (DP-SGD-JL) or ``"non_private"``.
       noise_multiplier: sigma.
       jl_projections: r for ``"jl"``, else 0.
-      sampling_rate: Poisson rate p = B / N of the rows trained on.
+      sampling_rate: Poisson rate p = B / N of the rows trained on; 1.0 (no
+        amplification) where the sampling of the batches is unknown.
       steps: private steps run.
+      l2_norm_clip: C (informational: epsilon does not depend on it).
+      expected_batch_size: B of the optimizer, 0 if unknown (informational).
+      segment_id: random id of the odometer segment this row copies (0 in merged
+        views); lets a restore tell a later snapshot of a segment from another one.
     """
 
     kind: str
@@ -55,6 +66,9 @@ class Segment:
     jl_projections: int
     sampling_rate: float
     steps: int
+    l2_norm_clip: float = field(default=0.0, compare=False)
+    expected_batch_size: int = field(default=0, compare=False)
+    segment_id: int = field(default=0, compare=False)
 
     def mechanism(self) -> Any:
         """The ``fdp`` mechanism of one step; ``None`` for a non-private segment."""
@@ -70,7 +84,8 @@ class Segment:
     def row(self) -> list[float]:
         code = {v: k for k, v in _KINDS.items()}[self.kind]
         return [float(code), float(self.noise_multiplier), float(self.jl_projections),
-                float(self.sampling_rate), float(self.steps)]
+                float(self.sampling_rate), float(self.steps), float(self.l2_norm_clip),
+                float(self.expected_batch_size), float(self.segment_id)]
 
     def same_mechanism(self, other: "Segment") -> bool:
         return (self.kind, self.noise_multiplier, self.jl_projections, self.sampling_rate) == (
@@ -85,13 +100,26 @@ class PrivacyLedger:
 
     @classmethod
     def from_table(cls, table: Any) -> "PrivacyLedger":
-        """Read the saved ``[MAX_SEGMENTS, 5]`` table (rows with kind < 0 are unused)."""
+        """Read the saved ``[MAX_SEGMENTS, FIELDS]`` table (rows with kind < 0 are unused)."""
         rows = np.asarray(table, dtype=np.float64).reshape(-1, FIELDS)
         segments = [
-            Segment(_KINDS[int(k)], float(s), int(r), float(p), int(n))
-            for k, s, r, p, n in rows if k >= 0
+            Segment(_KINDS[int(k)], float(s), int(r), float(p), int(n), float(c), int(b), int(i))
+            for k, s, r, p, n, c, b, i in rows if k >= 0
         ]
         return cls(tuple(segments))
+
+    def table(self) -> np.ndarray:
+        """The ``[MAX_SEGMENTS, FIELDS]`` table of these segments (at most MAX_SEGMENTS)."""
+        if len(self.segments) > MAX_SEGMENTS:
+            raise ValueError(
+                f"the saved privacy ledger holds at most {MAX_SEGMENTS} distinct mechanisms (noise "
+                f"multiplier, r, sampling rate); this one has {len(self.segments)}. Start a new "
+                "model, or keep the noise multiplier and sampling rate fixed across fits"
+            )
+        table = empty_table()
+        for i, segment in enumerate(self.segments):
+            table[i] = segment.row()
+        return table
 
     @property
     def steps(self) -> int:
@@ -114,10 +142,26 @@ class PrivacyLedger:
 
         if accountant is not None and not isinstance(accountant, fdp.PLDAccountant):
             raise ValueError(f"accountant must be an fdp.PLDAccountant or None; got {type(accountant).__name__}")
-        accountant = fdp.PLDAccountant() if accountant is None else accountant.fresh()
+        # one composition per mechanism: the same epsilon for a run however it was split
+        runs: dict[Segment, int] = {}
         for s in active:
-            accountant = accountant.compose(s.mechanism(), steps=s.steps)
-        return float(accountant.get_epsilon(delta=delta))
+            key = Segment(s.kind, s.noise_multiplier, s.jl_projections, s.sampling_rate, 0)
+            runs[key] = runs.get(key, 0) + s.steps
+        huge = max(s.noise_multiplier for s in runs)
+        while True:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fresh = fdp.PLDAccountant() if accountant is None else accountant.fresh()
+                for s, n in runs.items():
+                    capped = Segment(s.kind, min(s.noise_multiplier, huge), s.jl_projections, s.sampling_rate, n)
+                    fresh = fresh.compose(capped.mechanism(), steps=n)
+                epsilon = float(fresh.get_epsilon(delta=delta))
+            if math.isfinite(epsilon) or huge <= _HUGE_SIGMA:
+                break
+            huge = max(huge / 1e3, _HUGE_SIGMA)  # only the huge sigmas are lowered
+        for warning in caught:  # those of the attempt that answered
+            warnings.warn(warning.message, stacklevel=2)
+        return epsilon
 
 
 def compute_epsilon(
@@ -133,7 +177,8 @@ def compute_epsilon(
       optimizer: a :class:`fdp_tf.DPOptimizer`.
       delta: target delta in (0, 1).
       sampling_rate: Poisson sampling rate p = B / N in (0, 1].
-      steps: number of steps; default the optimizer's ``dp_steps``.
+      steps: number of steps; default the optimizer's ``dp_steps``, or the noised
+        gradients it released in this process if more (a restore may lower ``dp_steps``).
     """
     mechanism = getattr(optimizer, "mechanism", None)
     if mechanism is None or not hasattr(optimizer, "dp_config"):
@@ -142,30 +187,15 @@ def compute_epsilon(
             f"{type(optimizer).__name__}"
         )
     sampling_rate = check_sampling_rate(sampling_rate)
-    n = optimizer.steps if steps is None else check_integer("steps", steps, low=0)
+    if steps is None:
+        from fdp_tf.odometer import booking_of  # (it imports this module)
+
+        booking = booking_of(optimizer)
+        n = max(optimizer.steps, booking.released if booking is not None else 0)
+    else:
+        n = check_integer("steps", steps, low=0)
     segment = optimizer.segment(sampling_rate, n)
     return PrivacyLedger((segment,)).epsilon(delta)
-
-
-def table_with(table: Any, segment: Segment) -> tuple[np.ndarray, int]:
-    """The table with ``segment`` opened (or the last row continued); returns the row."""
-    rows = np.asarray(table, dtype=np.float64).reshape(-1, FIELDS).copy()
-    used = [i for i in range(len(rows)) if rows[i, 0] >= 0]
-    if used:
-        last = used[-1]
-        current = PrivacyLedger.from_table(rows[last:last + 1]).segments[0]
-        if current.same_mechanism(segment):
-            return rows, last
-    row = used[-1] + 1 if used else 0
-    if row >= len(rows):
-        raise ValueError(
-            f"the privacy ledger holds at most {len(rows)} segments (mechanism or sampling "
-            "rate changes); this fit would open one more. Start a new model, or keep the "
-            "noise multiplier and sampling rate fixed across fits"
-        )
-    rows[row] = segment.row()
-    rows[row, 4] = 0.0
-    return rows, row
 
 
 def empty_table() -> np.ndarray:

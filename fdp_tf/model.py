@@ -5,8 +5,9 @@ for a consistent per-example loss): the forward pass runs inside the
 optimizer's :meth:`~fdp_tf.DPOptimizer.compute_private_gradients`, which
 returns the clipped and noised gradient, and the ordinary ``apply_gradients``
 applies it. ``compile``, ``fit``, ``evaluate``, ``predict``, callbacks and
-saving are Keras's own. Every private step is written into the model's privacy
-ledger (:mod:`fdp_tf.ledger`), saved with its weights.
+saving are Keras's own. Every private step is booked where the optimizer releases
+it, in the model's privacy odometer (:mod:`fdp_tf.odometer`); its ledger is saved
+with the weights, and no restore lowers it.
 
 Typical use::
 
@@ -26,30 +27,26 @@ Typical use::
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from fdp_tf.forward import ForwardPass
-from fdp_tf.guards import NonTrainableWatch, ReportFallbacks, WatchFirstStep, refuse_unsupported_layers
-from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, PrivacyLedger, Segment, empty_table, table_with
+from fdp_tf.forward import ForwardPass, PrivateGradient
+from fdp_tf.guards import refuse_multiple_outputs, refuse_unsupported_layers
+from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, empty_table
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
+from fdp_tf.model_fit import LedgerFit
+from fdp_tf.odometer import Odometer
 from fdp_tf.optimizers import DPOptimizer
-from fdp_tf.sampling import PoissonSampling, SamplingWarning, pad_to_replicas, sampling_for_fit
+from fdp_tf.probes import one_loss_per_row
+from fdp_tf.verify import guarded_train_function
 
 __all__ = ["PrivateModel", "make_private", "per_example_loss_fn"]
 
 
-#: keras.Model.fit's parameters after (x, y, batch_size), in order.
-_FIT_POSITIONAL = ("epochs", "verbose", "callbacks", "validation_split", "validation_data", "shuffle",
-                   "class_weight", "sample_weight", "initial_epoch", "steps_per_epoch",
-                   "validation_steps", "validation_batch_size", "validation_freq")
-
-
 @keras.saving.register_keras_serializable(package="fdp_tf")
-class PrivateModel(keras.Model):
+class PrivateModel(LedgerFit, keras.Model):
     """Wrap a Keras model so that ``fit`` runs DP-SGD(-JL) with a DP optimizer.
 
     With a :class:`fdp_tf.DPOptimizer` each training step computes
@@ -82,19 +79,15 @@ class PrivateModel(keras.Model):
         self.dropped_tracker = keras.metrics.Sum(name="dropped_examples")
         # layer-wise steps that fell back to per-example gradients (warned after fit)
         self.fallback_tracker = keras.metrics.Sum(name="layerwise_fallbacks")
-        # the ledger: one row per segment (kind, sigma, r, rate, steps); saved as a weight
+        # what files carry: a copy of the odometer, written before every save and merged
+        # into it after every restore (see fdp_tf.odometer)
         self.dp_ledger = self.add_weight(
             shape=(MAX_SEGMENTS, FIELDS), dtype="float64", trainable=False, name="dp_ledger",
             initializer=keras.initializers.Constant(empty_table()),
             aggregation="only_first_replica",
         )
-        self.dp_ledger_row = self.add_weight(
-            shape=(), dtype="int32", trainable=False, name="dp_ledger_row",
-            initializer="zeros", aggregation="only_first_replica",
-        )
-        self._ledger_open = False
+        self._odometer = Odometer()  # not a weight: no restore writes it
         self._per_example_loss: PerExampleLoss | None = None
-        self._sampling_warned = False
 
     # -- Keras plumbing --------------------------------------------------------
 
@@ -137,16 +130,15 @@ class PrivateModel(keras.Model):
             naming it and the alternative.
         """
         self._per_example_loss = per_example_loss_fn(loss)
-        # a new optimizer is a new segment of the ledger: steps after this compile must
-        # not be booked against the previous fit's row (fit or open_segment reopens it)
-        self._ledger_open = False
         if isinstance(optimizer, DPOptimizer):
             refuse_unsupported_layers(self)
+            refuse_multiple_outputs(self.base_model)
             if kwargs.get("jit_compile", "auto") == "auto":
                 # XLA support of forward-mode accumulators and while-loop jacobians
                 # is not tested here; opt in with jit_compile=True.
                 kwargs["jit_compile"] = False
         super().compile(optimizer, loss, *args, **kwargs)
+        self._odometer.attach(self.optimizer)  # every step it releases from now on is booked
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
         """Re-compile on ``keras.models.load_model`` (restores the DP optimizer state)."""
@@ -197,28 +189,21 @@ class PrivateModel(keras.Model):
     def forward_pass(self, x: Any, y: Any, sample_weight: Any = None) -> ForwardPass:
         """Run the model in training mode and return per-example losses (one pass)."""
         y_pred = self(x, training=True)
-        losses = self.per_example_loss(y, y_pred, sample_weight)
+        refuse_multiple_outputs(self.base_model, y_pred)
+        losses = one_loss_per_row(self.per_example_loss(y, y_pred, sample_weight), x)
         return ForwardPass(losses, self._regularization(), y_pred)
 
     # -- steps -------------------------------------------------------------------
 
     def train_step(self, data: Any) -> dict[str, Any]:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        self._build_from(x)
         variables = self.trainable_variables
         if not variables:
             raise ValueError("model has no trainable variables; nothing to train privately")
-        if not self._ledger_open:
-            raise ValueError(
-                "the sampling of this training step is unknown, so its privacy cannot be "
-                "accounted: train with PrivateModel.fit (which reads it from the data), or "
-                "call model.open_segment(fdp_tf.PoissonSampling(...)) before a custom loop"
-            )
         optimizer = self.optimizer
         if isinstance(optimizer, DPOptimizer):
-            result = optimizer.compute_private_gradients(
-                lambda: self.forward_pass(x, y, sample_weight), variables, model=self.base_model,
-                forward_on_rows=lambda keep: self._forward_on_rows(keep, x, y, sample_weight),
-            )
+            result = self.private_gradients(x, y, sample_weight)
             grads, forward = result.gradients, result.forward
             if result.dropped is not None:
                 self.dropped_tracker.update_state(tf.cast(result.dropped, "float32"))
@@ -232,23 +217,65 @@ class PrivateModel(keras.Model):
                     total = total + forward.regularization
             grads = tape.gradient(total, variables)
         optimizer.apply_gradients(zip(grads, variables))
-        self._count_step()
         self._track_loss(forward)
         logs = self.compute_metrics(x, y, forward.outputs, sample_weight=sample_weight)
         logs.pop(self.fallback_tracker.name, None)  # reported by ReportFallbacks instead
         return logs
 
-    def _forward_on_rows(self, keep: tf.Tensor, x: Any, y: Any, sample_weight: Any) -> ForwardPass:
-        pick = lambda t: None if t is None else tf.boolean_mask(t, keep)  # noqa: E731
+    def private_gradients(self, x: Any, y: Any, sample_weight: Any = None) -> PrivateGradient:
+        """The DP optimizer's private gradient for one batch, with every run-time check.
+
+        What a custom ``train_step`` calls: it passes the optimizer the forward pass and
+        the batch's row-wise variants it verifies and drops rows with
+        (:meth:`fdp_tf.DPOptimizer.compute_private_gradients`); apply exactly
+        ``result.gradients`` with ``self.optimizer.apply_gradients``.
+        """
+        optimizer = self.optimizer
+        if not isinstance(optimizer, DPOptimizer):
+            raise ValueError(f"private_gradients needs a DP optimizer; compiled with {type(optimizer).__name__}")
+        return optimizer.compute_private_gradients(
+            lambda: self.forward_pass(x, y, sample_weight), self.trainable_variables, model=self.base_model,
+            forward_on_rows=lambda keep: self._forward_on_rows(keep, x, y, sample_weight),
+            forward_on_indices=lambda rows: self._forward_on_indices(rows, x, y, sample_weight),
+        )
+
+    def _forward_on_indices(self, rows: tf.Tensor, x: Any, y: Any, sample_weight: Any) -> ForwardPass:
+        pick = lambda t: None if t is None else tf.gather(t, rows)  # noqa: E731
         return self.forward_pass(
             tf.nest.map_structure(pick, x), tf.nest.map_structure(pick, y), pick(sample_weight)
         )
 
-    def _count_step(self) -> None:
-        """One more step in the current ledger row (in the graph, saved with the weights)."""
-        index = tf.stack([tf.convert_to_tensor(self.dp_ledger_row), tf.constant(FIELDS - 1, tf.int32)])[None, :]
-        self.dp_ledger.assign(
-            tf.tensor_scatter_nd_add(tf.convert_to_tensor(self.dp_ledger), index, tf.ones([1], tf.float64))
+    def _build_from(self, x: Any) -> None:
+        """Build a model whose variables do not exist yet (an unbuilt Sequential, a
+        subclassed model before its first call) by a symbolic call on the first batch's
+        shapes: Keras's TF trainer builds it only as the step traces, after the trainable
+        variables were read. A symbolic call adds no op to the step."""
+        if self.base_model.built and self.base_model.trainable_variables:
+            return
+        spec = tf.nest.map_structure(
+            lambda t: keras.KerasTensor((None, *tuple(t.shape)[1:]), tf.as_dtype(t.dtype).name), x)
+        try:
+            self.base_model(spec, training=False)
+        except Exception as err:  # noqa: BLE001 - whatever fails, the advice is the same
+            raise ValueError(
+                f"model {self.base_model.name!r} is not built and could not be built from the "
+                f"first batch ({type(err).__name__}: {err}); start it with keras.Input(shape) or "
+                "call model.build(input_shape) / run it on one batch before fit"
+            ) from err
+
+    def make_train_function(self, force: bool = False) -> Any:
+        """Keras's training function, raising a run-time refusal of a private step as the
+        ``ValueError`` it is, and retrying once a first step that crashed inside an
+        unverified per-example method (:func:`fdp_tf.verify.guarded_train_function`)."""
+        super().make_train_function(force)
+        if self.train_function is not None and not getattr(self.train_function, "_fdp_guarded", False):
+            self.train_function = guarded_train_function(self.train_function, self)
+        return self.train_function
+
+    def _forward_on_rows(self, keep: tf.Tensor, x: Any, y: Any, sample_weight: Any) -> ForwardPass:
+        pick = lambda t: None if t is None else tf.boolean_mask(t, keep)  # noqa: E731
+        return self.forward_pass(
+            tf.nest.map_structure(pick, x), tf.nest.map_structure(pick, y), pick(sample_weight)
         )
 
     def test_step(self, data: Any) -> dict[str, Any]:
@@ -270,114 +297,6 @@ class PrivateModel(keras.Model):
         if forward.regularization is not None:
             mean = mean + tf.cast(forward.regularization, mean.dtype)
         self.loss_tracker.update_state(mean, sample_weight=count)
-
-    # -- fit: sampling and the ledger -------------------------------------------
-
-    @property
-    def ledger(self) -> PrivacyLedger:
-        """Everything trained so far (restored with the weights)."""
-        return PrivacyLedger.from_table(keras.ops.convert_to_numpy(self.dp_ledger))
-
-    def epsilon(self, delta: float, accountant: Any = None) -> float:
-        """Certified upper bound on epsilon at ``delta`` of all training in the ledger
-        (``accountant``: an :class:`fdp.PLDAccountant` whose settings to use)."""
-        return self.ledger.epsilon(delta, accountant)
-
-    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any,
-            sampling: PoissonSampling | None = None, **kwargs: Any) -> Any:
-        """Keras ``fit``, after opening the ledger segment of how the data are sampled.
-
-        * A :func:`fdp_tf.poisson_batches` dataset: p = B / N is read from it and a
-          DP optimizer without ``expected_batch_size`` gets B.
-        * ``sampling=fdp_tf.PoissonSampling(num_examples=N, expected_batch_size=B)``:
-          for any other input that is Poisson-sampled (e.g. a ``poisson_batches``
-          dataset after ``.map``); you vouch for the sampling.
-        * Arrays: fixed-size shuffled batches, accounted as Poisson at
-          p = batch_size / N_train (N_train: the rows left after
-          ``validation_split``), with a :class:`fdp_tf.SamplingWarning`.
-
-        Raises:
-          ValueError: for a DP optimizer when neither B nor p can be known (a
-            dataset or generator without ``sampling=``), or when B disagrees with the
-            optimizer's ``expected_batch_size``.
-        """
-        # Keras's positional arguments after batch_size, by name (callbacks, validation_split
-        # and shuffle are read below)
-        if len(args) > len(_FIT_POSITIONAL):
-            raise TypeError(f"fit takes at most {3 + len(_FIT_POSITIONAL)} positional arguments")
-        for name, value in zip(_FIT_POSITIONAL, args):
-            if name in kwargs:
-                raise TypeError(f"fit got multiple values for argument {name!r}")
-            kwargs[name] = value
-        split = kwargs.get("validation_split", 0.0) or 0.0
-        spec, poisson = sampling_for_fit(x, batch_size, split, sampling)
-        optimizer = getattr(self, "optimizer", None)
-        self._open_ledger(spec, poisson, optimizer)
-        replicas = self.distribute_strategy.num_replicas_in_sync
-        if isinstance(x, tf.data.Dataset):
-            kwargs.setdefault("shuffle", False)  # a dataset is not reshuffled by Keras anyway
-            if replicas > 1:
-                x = pad_to_replicas(x, replicas)
-        watch = NonTrainableWatch(self.base_model) if isinstance(optimizer, DPOptimizer) else None
-        callbacks = list(kwargs.pop("callbacks", None) or [])
-        if watch is not None and watch.variables:
-            callbacks.append(WatchFirstStep(watch))
-        if watch is not None:
-            callbacks.append(ReportFallbacks(self.fallback_tracker))
-        return super().fit(x, y, batch_size, callbacks=callbacks, **kwargs)
-
-    def open_segment(self, sampling: PoissonSampling) -> None:
-        """Open (or continue) the ledger segment for steps at ``sampling`` (custom loops)."""
-        self._open_ledger(sampling, True, getattr(self, "optimizer", None))
-
-    def _open_ledger(self, spec: PoissonSampling | None, poisson: bool, optimizer: Any) -> None:
-        if isinstance(optimizer, DPOptimizer):
-            if spec is None:
-                raise ValueError(
-                    "fit cannot know how this input is sampled, so neither the expected batch "
-                    "size B (the noise std is sigma*C/B) nor the sampling rate can be known. "
-                    "Train on fdp_tf.poisson_batches(x, y, expected_batch_size=B), or pass "
-                    "fit(..., sampling=fdp_tf.PoissonSampling(num_examples=N, "
-                    "expected_batch_size=B)) for a Poisson-sampled pipeline of your own"
-                )
-            if not poisson:
-                self._warn_sampling()
-            self._set_expected_batch_size(optimizer, spec.expected_batch_size, strict=poisson)
-            segment = optimizer.segment(spec.sampling_rate)
-        else:
-            rate = spec.sampling_rate if spec is not None else 1.0
-            segment = Segment("non_private", 0.0, 0, rate, 0)
-        table, row = table_with(keras.ops.convert_to_numpy(self.dp_ledger), segment)
-        self.dp_ledger.assign(table)
-        self.dp_ledger_row.assign(row)
-        self._ledger_open = True
-
-    def _set_expected_batch_size(self, optimizer: Any, size: int, *, strict: bool) -> None:
-        current = optimizer.expected_batch_size
-        if current is None:
-            optimizer.expected_batch_size = size
-            if getattr(self, "train_function", None) is not None:
-                self.make_train_function(force=True)
-        elif current != size and (strict or current > size):  # a larger B: too little noise
-            raise ValueError(
-                f"expected_batch_size of the optimizer is {current} but the data are "
-                f"sampled with expected batch size {size}; they must agree (the noise std "
-                "sigma*C/B uses B)"
-            )
-
-    def _warn_sampling(self) -> None:
-        if self._sampling_warned:
-            return
-        self._sampling_warned = True
-        warnings.warn(
-            "PrivateModel.fit got arrays, which Keras cuts into shuffled fixed-size batches. "
-            "The privacy accountant assumes Poisson sampling with rate p = B/N, so the "
-            "reported epsilon is only an approximation for this data pipeline. Use "
-            "fdp_tf.poisson_batches(x, y, expected_batch_size=B) for a certified bound.",
-            SamplingWarning,
-            stacklevel=4,
-        )
-
 
 def make_private(
     model: keras.Model, *, optimizer: Any = None, loss: Any = None, **compile_kwargs: Any

@@ -1,42 +1,66 @@
-"""Examples with a non-finite loss: dropped, never allowed to poison the update."""
+"""Examples with a non-finite loss or gradient: dropped, never allowed to poison the update."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from fdp_tf.forward import PrivateGradient
+from fdp_tf.forward import ZERO, ForwardPass, PrivateGradient, record_forward
 
-__all__ = ["without_nonfinite_examples"]
+__all__ = ["single_row_check", "without_nonfinite_examples"]
 
 
 def without_nonfinite_examples(
-    result: PrivateGradient, rerun: Callable[[tf.Tensor], PrivateGradient]
+    result: PrivateGradient,
+    rerun: Callable[[tf.Tensor], PrivateGradient],
+    finite_alone: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None = None,
 ) -> PrivateGradient:
-    """Run the step on the examples with a finite loss only.
+    """Run the step on the examples whose loss and per-example gradient are finite.
 
     Backpropagation mixes rows (a weight's gradient is x^T delta over the batch), so
     one example with non-finite activations turns every per-example gradient, JL
-    projection and the clipped sum into 0 * inf = NaN, even with its c_i = 0. When
-    some loss is not finite, the whole private step is run afresh (new directions,
-    noise and dropout) on the rows with a finite loss. Either way the released
-    gradient is a fresh private step of the sub-batch of finite-loss rows, and a
-    row's membership depends on that row alone, so this is a per-example clipping to
-    0. Rows whose loss is finite but whose norm overflows get c_i = 0 inside the step.
-    The retry is decided by the losses only, never by the released result (that
-    would be a data-dependent rejection of noise draws).
+    projection and the clipped sum into 0 * inf = NaN, even with its c_i = 0; its loss
+    may still be finite (an infinite input through a saturated tanh). When some loss or
+    per-example norm (exact, or the JL estimate M_i) is not finite, the whole private
+    step is run afresh (new directions, noise and dropout) on the other rows. A row is
+    judged by itself: the JL projections, the layer taps and pfor compute each row's
+    norm from that row alone, but the per-example loop's backward passes share the batch,
+    so a norm that is not finite may be another row's 0 * inf; such a row is kept if its
+    gradient, computed on a batch of that row alone (``finite_alone``), is finite. Either
+    way the released gradient is a fresh private step of the sub-batch of finite rows,
+    and a row's membership depends on that row alone (and public randomness), so this is
+    a per-example clipping to 0: an abort or a drop of the whole batch when one example
+    is present would reveal that it is. Rows whose norm only overflows get c_i = 0
+    inside the step (their gradient is finite). The retry is decided before the noise,
+    never by the released result (that would be a data-dependent rejection of noise).
 
     Args:
       result: the private step on the whole batch.
       rerun: runs the whole private step afresh on the rows where a mask is true.
+      finite_alone: for row indices and a mask of the rows asked about, whether each
+        asked row's gradient is finite on a batch of that row alone (False for the
+        others); ``None``: a non-finite norm drops its row.
 
     Raises:
       tf.errors.InvalidArgumentError: at run time, if the update is still not finite
-        (the model overflows on finite inputs): training stops rather than release it.
+        (the model overflows on finite inputs): training stops rather than release it
+        (the released gradients depend on that check).
     """
     losses = result.forward.per_example_losses
-    keep = tf.math.is_finite(losses)
+    finite_loss = tf.math.is_finite(losses)
+    finite_norm = tf.math.is_finite(tf.cast(result.norms, tf.float32))
+    keep = tf.logical_and(finite_loss, finite_norm)
+    if finite_alone is not None:
+        suspects = tf.logical_and(finite_loss, tf.logical_not(finite_norm))
+
+        def judged_alone() -> tf.Tensor:
+            # every row, each pass skipped unless it is a suspect (no tf.where: XLA needs
+            # the shapes of scatter_nd at compile time)
+            rows = tf.range(tf.shape(suspects)[0], dtype=tf.int32)
+            return tf.logical_or(keep, finite_alone(rows, suspects))
+
+        keep = _cond(tf.reduce_any(suspects), judged_alone, lambda: keep)
     finite = tf.reduce_all(keep)
 
     def first() -> tuple:
@@ -50,21 +74,49 @@ def without_nonfinite_examples(
         # row has norm NaN (none was computed) and factor 0
         rows = tf.cast(tf.where(keep), tf.int32)
         norms = tf.tensor_scatter_nd_update(
-            tf.fill(tf.shape(keep), tf.constant(float("nan"), result.norms.dtype)), rows,
+            tf.fill(tf.shape(losses), tf.constant(float("nan"), result.norms.dtype)), rows,
             tf.cast(retry.norms, result.norms.dtype))
-        factors = tf.scatter_nd(rows, tf.cast(retry.clip_factors, result.clip_factors.dtype), tf.shape(keep))
+        factors = tf.scatter_nd(rows, tf.cast(retry.clip_factors, result.clip_factors.dtype), tf.shape(losses))  # not keep's: XLA cannot see a cond output's shape
         return list(retry.gradients), dropped, _fallbacks(retry), norms, factors
 
-    if tf.executing_eagerly():
-        grads, dropped, fallbacks, norms, factors = first() if bool(finite) else again()
-    else:
-        grads, dropped, fallbacks, norms, factors = tf.cond(finite, first, again)
-    for g in grads:
+    grads, dropped, fallbacks, norms, factors = _cond(finite, first, again)
+    # the checked values are what is released: a failed check stops the apply too
+    grads = [
         tf.debugging.assert_all_finite(
             g, "the private gradient is not finite even without the examples whose loss "
-               "is not finite: the model overflows on finite inputs; scale the inputs")
+               "or gradient is not finite: the model overflows on finite inputs; scale the inputs")
+        for g in grads
+    ]
     return PrivateGradient(grads, result.forward, norms, factors, dropped,
                            None if result.fallbacks is None else fallbacks)
+
+
+def single_row_check(
+    forward_on_rows: Callable[[tf.Tensor], ForwardPass], variables: Sequence[Any], batch_rows: tf.Tensor
+) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """``finite_alone`` for :func:`without_nonfinite_examples`: row i's loss and gradient
+    on a batch of row i alone (one forward and backward pass per row asked about)."""
+
+    def one(i: tf.Tensor) -> tf.Tensor:
+        recorded = record_forward(lambda: forward_on_rows(tf.equal(tf.range(batch_rows), i)))
+        losses = recorded.forward.per_example_losses
+        grads = recorded.tape.gradient(losses, list(variables), unconnected_gradients=ZERO)
+        ok = tf.reduce_all(tf.math.is_finite(losses))
+        for g in grads:
+            ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))))
+        return ok
+
+    def check(rows: tf.Tensor, asked: tf.Tensor) -> tf.Tensor:
+        return tf.map_fn(lambda i: _cond(tf.gather(asked, i), lambda: one(i), lambda: tf.constant(False)),
+                         rows, fn_output_signature=tf.bool)
+
+    return check
+
+
+def _cond(pred: tf.Tensor, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+    if tf.executing_eagerly():
+        return true_fn() if bool(pred) else false_fn()
+    return tf.cond(pred, true_fn, false_fn)
 
 
 def _fallbacks(result: PrivateGradient) -> tf.Tensor:

@@ -12,6 +12,9 @@ arguments, same update rule, same saved state) plus
   mode TF Privacy also guards against);
 * a step counter ``dp_steps``: a Keras variable in the optimizer state, saved
   with the model and restored with it, which the accountant reads;
+* a booking (:mod:`fdp_tf.odometer`): every noised gradient
+  :meth:`compute_private_gradients` releases is counted, in the graph, in a counter
+  that no checkpoint holds and no restore writes; the model's ledger reads it;
 * :meth:`mechanism`: the ``fdp`` mechanism of one step, for accounting.
 
 Only public Keras hooks are used: the constructor, ``apply`` and ``get_config``.
@@ -35,9 +38,10 @@ from fdp_tf.introspection import looped_rnn_layers
 from fdp_tf.jl import jl_private_gradient
 from fdp_tf.layerwise import layerwise_unsupported
 from fdp_tf.ledger import Segment
-from fdp_tf.nonfinite import without_nonfinite_examples
+from fdp_tf.odometer import Booking
 from fdp_tf.per_example import vanilla_private_gradient
 from fdp_tf.randomness import _Holder, os_entropy_generator, seeded_generator
+from fdp_tf.verify import verified_private_gradient
 
 __all__ = [
     "DPOptimizer",
@@ -107,6 +111,7 @@ class DPOptimizer:
         self.dp_steps = keras.Variable(
             0, dtype="int64", trainable=False, name="dp_steps", aggregation="only_first_replica"
         )
+        self._dp_booking = Booking(self)  # what the ledger reads: never saved, never restored
         self._dp_pending: tuple[Any, ...] | None = None
 
     # -- configuration -------------------------------------------------------
@@ -179,6 +184,7 @@ class DPOptimizer:
         *,
         model: keras.layers.Layer | None = None,
         forward_on_rows: Callable[[tf.Tensor], ForwardPass] | None = None,
+        forward_on_indices: Callable[[tf.Tensor], ForwardPass] | None = None,
     ) -> PrivateGradient:
         """Clipped, noised gradient g~ for one batch; arms :meth:`apply`.
 
@@ -191,11 +197,18 @@ class DPOptimizer:
           model: the model, used to choose the differentiation strategy
             (``jvp_method="auto"``, ``per_example_method="auto"``).
           forward_on_rows: the same forward pass on the rows where a boolean mask is
-            true; lets a step be recomputed without the examples whose loss is not
-            finite (see :func:`fdp_tf.nonfinite.without_nonfinite_examples`).
+            true; lets a step be recomputed without the examples whose loss or
+            gradient is not finite (see :func:`fdp_tf.nonfinite.without_nonfinite_examples`).
+          forward_on_indices: the same forward pass on the batch whose row j is row
+            ``indices[j]`` (``tf.gather``); lets the first step of every trace verify
+            that examples do not interact and that the per-example method is right
+            (:mod:`fdp_tf.verify`). Required: without it the step is refused
+            (:meth:`fdp_tf.PrivateModel.private_gradients` passes all three).
 
         Raises:
-          ValueError: if ``expected_batch_size`` is unknown.
+          ValueError: if ``expected_batch_size`` or ``forward_on_indices`` is missing; eagerly, if a run-time check
+            refuses the step (in a graph: ``tf.errors.InvalidArgumentError`` with the
+            same message, and the gradients are not released).
 
         Returns:
           A :class:`fdp_tf.PrivateGradient`; pass exactly its ``gradients`` to
@@ -208,11 +221,10 @@ class DPOptimizer:
                 "(the model has no trainable variables)"
             )
         check_batch_size(self.expected_batch_size)
-        result = self._private_gradient(forward_fn, variables, model)
-        if forward_on_rows is not None:
-            result = without_nonfinite_examples(
-                result, lambda keep: self._private_gradient(
-                    lambda: forward_on_rows(keep), variables, model))
+        result = verified_private_gradient(self, forward_fn, variables, model, forward_on_rows, forward_on_indices)
+        # the noised gradient leaves here: booked, however it is applied (before arming
+        # apply: under MirroredStrategy the booking's merge_call lets the other replicas run)
+        self._dp_booking.release()
         self._dp_pending = tuple(result.gradients)
         return result
 
@@ -221,7 +233,9 @@ class DPOptimizer:
         forward_fn: Callable[[], ForwardPass],
         variables: list[Any],
         model: keras.layers.Layer | None,
+        method: str | None = None,
     ) -> PrivateGradient:
+        """The step with ``method`` (default: what "auto" resolves to for ``model``)."""
         raise NotImplementedError
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
@@ -295,7 +309,7 @@ class _JLMixin(DPOptimizer):
             return "double_vjp"
         return "auto"  # forward mode, or the double vjp if the trace meets another loop
 
-    def _private_gradient(self, forward_fn, variables, model):  # type: ignore[no-untyped-def]
+    def _private_gradient(self, forward_fn, variables, model, method=None):  # type: ignore[no-untyped-def]
         return jl_private_gradient(
             forward_fn,
             variables,
@@ -304,7 +318,7 @@ class _JLMixin(DPOptimizer):
             jl_projections=self.jl_projections,
             expected_batch_size=self.expected_batch_size,
             rng=self.rng,
-            jvp_method=self.resolve_jvp_method(model),
+            jvp_method=method or self.resolve_jvp_method(model),
         )
 
 
@@ -347,7 +361,7 @@ class _VanillaMixin(DPOptimizer):
             return "loop"
         return "vectorized"
 
-    def _private_gradient(self, forward_fn, variables, model):  # type: ignore[no-untyped-def]
+    def _private_gradient(self, forward_fn, variables, model, method=None):  # type: ignore[no-untyped-def]
         return vanilla_private_gradient(
             forward_fn,
             variables,
@@ -355,7 +369,7 @@ class _VanillaMixin(DPOptimizer):
             noise_multiplier=self.noise_multiplier,
             expected_batch_size=self.expected_batch_size,
             rng=self.rng,
-            per_example_method=self.resolve_per_example_method(model),
+            per_example_method=method or self.resolve_per_example_method(model),
             model=model,
         )
 

@@ -4,8 +4,9 @@ The accountant (``fdp.PLDAccountant``, and the seed's Theorem
 "final privacy curve") analyses each step with *Poisson* subsampling at rate
 p = B / N: every example joins the batch independently with probability p, so
 the batch size is Binomial(N, p) with mean B. Shuffled fixed-size batches (what
-``model.fit(x, y, batch_size=B)`` does) are a different mechanism; accounting
-them as Poisson is common practice but not what the bound certifies.
+Keras's ``fit(x, y, batch_size=B)`` cuts) are a different mechanism; accounting
+them as Poisson is common practice but not what the bound certifies, so
+``PrivateModel.fit`` draws arrays through :func:`poisson_batches` instead.
 
 :func:`poisson_batches` builds a ``tf.data`` pipeline with exactly that sampling;
 :class:`fdp_tf.PrivateModel` recognises it, sets the optimizer's
@@ -16,7 +17,6 @@ expected, never the realised size) and records p for
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fdp._validation import check_integer, check_real
+from fdp._validation import check_integer
 from fdp.epochs import steps_per_epoch as fdp_steps_per_epoch
 from fdp_tf.randomness import _Holder, os_entropy_generator, seeded_generator
 
@@ -34,12 +34,12 @@ __all__ = [
     "pad_to_replicas",
     "poisson_batches",
     "poisson_sampling_of",
-    "sampling_for_fit",
 ]
 
 
 class SamplingWarning(UserWarning):
-    """Training data are not Poisson-sampled, so the epsilon is approximate."""
+    """Training steps whose batches fdp_tf cannot vouch for are booked at sampling rate 1
+    (no amplification); the warning says how to draw them so that they are amplified."""
 
 
 @dataclass(frozen=True)
@@ -159,34 +159,6 @@ def _num_rows(data: tuple[Any, ...]) -> int:
     if n < 1:
         raise ValueError("x must have at least one row; got 0")
     return n
-
-
-def sampling_for_fit(
-    x: Any, batch_size: int | None, validation_split: float, sampling: PoissonSampling | None
-) -> tuple[PoissonSampling | None, bool]:
-    """How ``fit`` input is sampled: ``(spec, is_poisson)``; spec ``None`` when unknowable.
-
-    Arrays are cut by Keras into shuffled fixed-size batches of the rows left after
-    ``validation_split`` (its split keeps floor(N (1 - split)) rows for training).
-    """
-    if sampling is not None:
-        if not isinstance(sampling, PoissonSampling):
-            raise ValueError(
-                f"sampling must be an fdp_tf.PoissonSampling; got {type(sampling).__name__}"
-            )
-        return sampling, True
-    spec = poisson_sampling_of(x)
-    if spec is not None:
-        return spec, True
-    n = _array_rows(x)
-    if n is None:
-        return None, False
-    split = check_real("validation_split", validation_split, low=0.0, high=1.0, high_inclusive=False)
-    n_train = int(math.floor(n * (1.0 - split))) if split else n
-    if n_train < 1:
-        raise ValueError(f"validation_split={split} leaves no training rows out of {n}")
-    size = min(batch_size or 32, n_train)
-    return PoissonSampling(n_train, size, fdp_steps_per_epoch(size, n_train)), False
 
 
 def _array_rows(x: Any) -> int | None:

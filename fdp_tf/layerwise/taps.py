@@ -226,7 +226,9 @@ class LayerTaps:
             tf.debugging.assert_equal(
                 tf.shape(grad)[0], tf.shape(losses)[0],
                 message=f"per_example_method='layerwise': layer {tap.layer.name!r} did not "
-                        "see one row per example; use per_example_method='vectorized'",
+                        "see one row per example (it folds another axis into the batch, "
+                        "e.g. a reshape; with a loss of one entry per row, 'loop' is exact "
+                        "for such a model)",
             )
             out.extend(vg for vg in tap.gradients(tf.convert_to_tensor(grad)) if id(vg.variable) in wanted)
         return out, covered

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import fdp
 import fdp_tf
-from tf_helpers import CE, dense_data, dense_model, flat, forward_fn, loop_per_example_gradients
+from tf_helpers import CE, dense_data, dense_model, flat, forward_fn, loop_per_example_gradients, on_indices
 
 DELTA = 1e-5
 
@@ -419,7 +419,7 @@ def test_after_a_rerun_norms_and_clip_factors_belong_to_the_rerun() -> None:
 
     result = optimizer.compute_private_gradients(
         forward_fn(model, x, y, training=False), model.trainable_variables, model=model,
-        forward_on_rows=on_rows)
+        forward_on_rows=on_rows, forward_on_indices=on_indices(model, x, y, training=False))
     kept = [i for i in range(6) if i != 2]
     exact = [np.linalg.norm(g) for g in loop_per_example_gradients(model, x[kept], y[kept])]
     norms, factors = result.norms.numpy(), result.clip_factors.numpy()
@@ -458,19 +458,18 @@ def test_negative_token_ids_are_the_rows_keras_reads():
 
 def test_steps_after_a_recompile_are_not_booked_on_the_old_segment():
     """fit with DP-SGD, then compile(SGD) and train_on_batch: the non-private steps were
-    counted as more steps at sigma = 1 (epsilon 2.85 -> 3.25 where it is infinite). A
-    recompile closes the ledger's segment: a step without fit or open_segment is refused."""
+    counted as more steps at sigma = 1 (epsilon 2.85 -> 3.25 where it is infinite). Each
+    step is booked by what released it: the non-private one makes epsilon infinite."""
     x, y = dense_data(n=64)
     model = fdp_tf.make_private(
         dense_model(), optimizer=fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0), loss=CE)
     model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=16), epochs=1, verbose=0)
     booked = model.ledger
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=CE)
-    with pytest.raises(ValueError, match="sampling of this training step is unknown"):
-        model.train_on_batch(x[:16], y[:16])
     assert model.ledger == booked
-    model.open_segment(fdp_tf.PoissonSampling(num_examples=64, expected_batch_size=16))
     model.train_on_batch(x[:16], y[:16])
+    assert model.ledger.segments[:1] == booked.segments
+    assert model.ledger.segments[1:] == (fdp_tf.Segment("non_private", 0.0, 0, 1.0, 1),)
     assert model.epsilon(DELTA) == math.inf
 
 

@@ -1,4 +1,4 @@
-"""Poisson sampling pipeline and the fixed-size-batch warning."""
+"""Poisson sampling pipeline, arrays drawn as Poisson batches, the fixed-batch warning."""
 
 from __future__ import annotations
 
@@ -84,19 +84,23 @@ def test_fit_takes_expected_batch_size_and_rate_from_the_dataset() -> None:
         model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=8, seed=0), epochs=1, verbose=0)
 
 
-def test_fixed_size_batches_warn_once() -> None:
+def test_arrays_are_drawn_as_poisson_batches_and_fixed_batches_warn() -> None:
+    """Arrays were cut by Keras into fixed batches and booked as Poisson with a warning;
+    now they are drawn as Poisson batches (certified, no warning). shuffle=False keeps
+    Keras's fixed batches: booked at rate 1 (no amplification), with the warning."""
     x, y = dense_data(n=64)
     optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0)
     model = fdp_tf.make_private(dense_model(), optimizer=optimizer, loss=CE)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
-        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
     sampling = [w for w in caught if issubclass(w.category, fdp_tf.SamplingWarning)]
     assert len(sampling) == 1
-    assert "Poisson" in str(sampling[0].message)
-    assert model.ledger.segments[-1].sampling_rate == 0.25 and optimizer.expected_batch_size == 16
-    assert model.ledger.segments[-1].steps == 8
+    assert "shuffle=False" in str(sampling[0].message) and "rate 1" in str(sampling[0].message)
+    assert optimizer.expected_batch_size == 16
+    assert model.ledger.segments == (
+        fdp_tf.Segment("gaussian", 1.0, 0, 0.25, 4), fdp_tf.Segment("gaussian", 1.0, 0, 1.0, 4))
 
 
 def test_validation_split_rate_counts_only_training_rows() -> None:

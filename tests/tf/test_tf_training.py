@@ -19,6 +19,7 @@ from tf_helpers import (
     dense_model,
     gru_model,
     image_data,
+    on_indices,
     sequence_data,
 )
 
@@ -155,7 +156,10 @@ def test_custom_training_loop_uses_public_gradient_path() -> None:
     with pytest.raises(ValueError, match="expected_batch_size is None"):
         optimizer.compute_private_gradients(forward, model.trainable_variables)
     optimizer.expected_batch_size = 32
-    result = optimizer.compute_private_gradients(forward, model.trainable_variables)
+    with pytest.raises(ValueError, match="forward_on_indices"):  # independence must be verifiable
+        optimizer.compute_private_gradients(forward, model.trainable_variables)
+    result = optimizer.compute_private_gradients(forward, model.trainable_variables,
+                                                 forward_on_indices=on_indices(model, x, y))
     optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
     assert optimizer.steps == 1
     assert result.norms.shape == (32,)

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import fdp_tf
-from tf_helpers import CE, dense_data, dense_model
+from tf_helpers import CE, dense_data, dense_model, on_indices
 
 GOOD = dict(l2_norm_clip=1.0, noise_multiplier=1.0)
 
@@ -152,10 +152,11 @@ def test_apply_refuses_gradients_not_from_the_private_path() -> None:
         out = model(x, training=True)
         return fdp_tf.ForwardPass(CE(y, out), None, out)
 
-    optimizer.compute_private_gradients(forward, variables)
+    rows = on_indices(model, x, y)
+    optimizer.compute_private_gradients(forward, variables, forward_on_indices=rows)
     with pytest.raises(RuntimeError):  # other tensors than the private ones
         optimizer.apply_gradients(zip(zeros, variables))
-    result = optimizer.compute_private_gradients(forward, variables)
+    result = optimizer.compute_private_gradients(forward, variables, forward_on_indices=rows)
     optimizer.apply_gradients(zip(result.gradients, variables))
     with pytest.raises(RuntimeError):  # each private gradient is applied at most once
         optimizer.apply_gradients(zip(result.gradients, variables))

@@ -70,6 +70,9 @@ def test_check_cost_benchmark_runs(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (result,) = json.loads(out.read_text())
-    assert set(result["seconds"]) == {"non-DP", "JL r=1", "JL r=1, checks off", "exact", "exact, checks off"}
+    assert set(result["seconds"]) == {"non-DP", "JL r=1", "JL r=1, checks off", "JL r=1, probe",
+                                      "JL r=1, probe base", "exact", "exact, checks off", "exact, probe",
+                                      "exact, probe base"}
     assert all(t > 0 for t in result["seconds"].values())
     assert "checks cost, JL r=1:" in proc.stdout and "checks cost, exact:" in proc.stdout
+    assert "the probe adds" in proc.stdout

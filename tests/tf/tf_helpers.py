@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -84,6 +84,11 @@ def forward_fn(model: keras.Model, x, y, loss=CE, training: bool = True) -> Call
         return fdp_tf.ForwardPass(loss(y, out), None, out)
 
     return run
+
+
+def on_indices(model: keras.Model, x, y, loss=CE, training: bool = True) -> Callable[[Any], fdp_tf.ForwardPass]:
+    """``forward_on_indices`` of :func:`forward_fn`: the same pass on ``tf.gather(batch, rows)``."""
+    return lambda rows: forward_fn(model, tf.gather(x, rows), tf.gather(y, rows), loss, training)()
 
 
 def loop_per_example_gradients(model: keras.Model, x, y, loss=CE) -> list[np.ndarray]:

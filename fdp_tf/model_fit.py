@@ -1,0 +1,168 @@
+"""``PrivateModel``'s fit and ledger: every private step booked where it is released.
+
+The ledger is an odometer (:mod:`fdp_tf.odometer`): it counts what the model's DP
+optimizers released in this process plus every record restored into it, so no restore
+lowers it. ``fit`` reads how its batches are sampled (:mod:`fdp_tf.fit_inputs`) and books
+its steps at that sampling; steps outside ``fit`` or :meth:`open_segment` get no
+amplification.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from fdp_tf.fit_inputs import plan_fit
+from fdp_tf.guards import NonTrainableWatch, ReportFallbacks, WatchFirstStep
+from fdp_tf.ledger import MAX_SEGMENTS, PrivacyLedger, empty_table
+from fdp_tf.odometer import booking_of
+from fdp_tf.optimizers import DPOptimizer
+from fdp_tf.sampling import PoissonSampling, pad_to_replicas
+
+__all__ = ["LedgerFit"]
+
+#: keras.Model.fit's parameters after (x, y, batch_size), in order.
+_FIT_POSITIONAL = ("epochs", "verbose", "callbacks", "validation_split", "validation_data", "shuffle",
+                   "class_weight", "sample_weight", "initial_epoch", "steps_per_epoch",
+                   "validation_steps", "validation_batch_size", "validation_freq")
+
+
+def migrated_store(store: Any) -> Any:
+    """A store written before the odometer (a ``[64, 5]`` ledger table and a row index
+    weight) as today's one weight ``[64, FIELDS]``: C, B and the segment id unknown (0)."""
+    try:
+        old = len(store) == 2 and np.shape(store["0"]) == (MAX_SEGMENTS, 5)
+    except (KeyError, TypeError):
+        return store
+    if not old:
+        return store
+    table = empty_table()
+    table[:, :5] = np.asarray(store["0"], dtype=np.float64)
+    return {"0": table}
+
+
+class LedgerFit:
+    """The fit and ledger half of :class:`fdp_tf.PrivateModel` (a mixin before
+    ``keras.Model``; it uses the model's ``dp_ledger`` weight and ``_odometer``)."""
+
+    # -- fit: sampling and the ledger (an odometer: fdp_tf.odometer) -------------
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """Everything trained so far: every step released by the optimizers this model was
+        compiled with, in this process, and every record restored into it."""
+        return self._odometer.sync(self.dp_ledger)
+
+    def epsilon(self, delta: float, accountant: Any = None) -> float:
+        """Certified upper bound on epsilon at ``delta`` of all training in the ledger
+        (``accountant``: an :class:`fdp.PLDAccountant` whose settings to use)."""
+        return self.ledger.epsilon(delta, accountant)
+
+    # Every path that writes or reads the saved ledger table goes through the odometer:
+    # a file gets all steps run so far; a restore adds its records and removes nothing.
+    def save_own_variables(self, store: Any) -> None:
+        self._odometer.sync(self.dp_ledger)
+        super().save_own_variables(store)
+
+    def load_own_variables(self, store: Any) -> None:
+        super().load_own_variables(migrated_store(store))
+        self._odometer.sync(self.dp_ledger)
+
+    def get_weights(self) -> list[Any]:
+        self._odometer.sync(self.dp_ledger)
+        return super().get_weights()
+
+    def set_weights(self, weights: Any) -> None:
+        super().set_weights(weights)
+        self._odometer.sync(self.dp_ledger)
+
+    def train_on_batch(self, *args: Any, **kwargs: Any) -> Any:
+        """Keras ``train_on_batch``; its steps are booked at sampling rate 1 (warned) unless
+        :meth:`open_segment` said how the batches are drawn."""
+        booking = booking_of(getattr(self, "optimizer", None))
+        if booking is not None:
+            booking.warn_if_unknown()
+        return super().train_on_batch(*args, **kwargs)
+
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any,
+            sampling: PoissonSampling | None = None, **kwargs: Any) -> Any:
+        """Keras ``fit``; its steps are booked at the sampling the input is drawn with.
+
+        * A :func:`fdp_tf.poisson_batches` dataset: p = B / N is read from it and a
+          DP optimizer without ``expected_batch_size`` gets B.
+        * ``sampling=fdp_tf.PoissonSampling(num_examples=N, expected_batch_size=B)``:
+          for any other input that is Poisson-sampled (e.g. a ``poisson_batches``
+          dataset after ``.map``); you vouch for the sampling.
+        * Arrays: drawn as Poisson batches of expected size ``batch_size`` from the rows
+          left after ``validation_split``; ``shuffle=False`` keeps Keras's fixed batches,
+          booked at rate 1 with a :class:`fdp_tf.SamplingWarning`
+          (:mod:`fdp_tf.fit_inputs`).
+
+        Steps after ``fit`` (``train_on_batch``, a custom loop) have unknown sampling
+        again until :meth:`open_segment`.
+
+        Raises:
+          ValueError: for a DP optimizer when neither B nor p can be known (a
+            dataset or generator without ``sampling=``), or when B disagrees with the
+            optimizer's ``expected_batch_size``.
+        """
+        # Keras's positional arguments after batch_size, by name (callbacks, validation_split
+        # and shuffle are read below)
+        if len(args) > len(_FIT_POSITIONAL):
+            raise TypeError(f"fit takes at most {3 + len(_FIT_POSITIONAL)} positional arguments")
+        for name, value in zip(_FIT_POSITIONAL, args):
+            if name in kwargs:
+                raise TypeError(f"fit got multiple values for argument {name!r}")
+            kwargs[name] = value
+        optimizer = getattr(self, "optimizer", None)
+        plan = plan_fit(x, y, batch_size, kwargs, sampling, isinstance(optimizer, DPOptimizer))
+        x, y, batch_size, kwargs = plan.x, plan.y, plan.batch_size, plan.kwargs
+        booking = booking_of(optimizer)
+        if booking is not None:
+            self._set_expected_batch_size(optimizer, plan.expected_batch_size, strict=plan.sampling is not None)
+            booking.open(plan.sampling, warned=plan.sampling is None)  # plan_fit warned
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        if isinstance(x, tf.data.Dataset):
+            kwargs.setdefault("shuffle", False)  # a dataset is not reshuffled by Keras anyway
+            if replicas > 1:
+                x = pad_to_replicas(x, replicas)
+        watch = NonTrainableWatch(self.base_model) if isinstance(optimizer, DPOptimizer) else None
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        if watch is not None and watch.variables:
+            callbacks.append(WatchFirstStep(watch))
+        if watch is not None:
+            callbacks.append(ReportFallbacks(self.fallback_tracker))
+        try:
+            return super().fit(x, y, batch_size, callbacks=callbacks, **kwargs)
+        finally:
+            if booking is not None:
+                booking.open(None)  # fit's sampling ends with it
+            self._odometer.sync(self.dp_ledger)
+
+    def open_segment(self, sampling: PoissonSampling) -> None:
+        """Book the next private steps at ``sampling`` (a custom loop or ``train_on_batch``
+        on batches drawn that way; you vouch for it) until the next ``fit`` or call."""
+        if not isinstance(sampling, PoissonSampling):
+            raise ValueError(f"sampling must be an fdp_tf.PoissonSampling; got {type(sampling).__name__}")
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None:
+            raise ValueError("compile the model with its optimizer before open_segment")
+        booking = booking_of(optimizer)
+        if booking is not None:
+            self._set_expected_batch_size(optimizer, sampling.expected_batch_size, strict=True)
+            booking.open(sampling)
+
+    def _set_expected_batch_size(self, optimizer: Any, size: int, *, strict: bool) -> None:
+        current = optimizer.expected_batch_size
+        if current is None:
+            optimizer.expected_batch_size = size
+            if getattr(self, "train_function", None) is not None:
+                self.make_train_function(force=True)
+        elif current != size and (strict or current > size):  # a larger B: too little noise
+            raise ValueError(
+                f"expected_batch_size of the optimizer is {current} but the data are "
+                f"sampled with expected batch size {size}; they must agree (the noise std "
+                "sigma*C/B uses B)"
+            )

@@ -1,0 +1,271 @@
+"""The privacy odometer: the private steps a model ran, which no restore can take back.
+
+The ledger used to be a model weight counted in ``PrivateModel.train_step``: restoring
+earlier weights (EarlyStopping's ``restore_best_weights``, ``BackupAndRestore``,
+``load_weights``, ``set_weights``) restored an earlier ledger, and steps released by a
+custom ``train_step`` or loop were not counted at all. Now (issue 26):
+
+* Every DP optimizer has a :class:`Booking`. ``DPOptimizer.compute_private_gradients``,
+  where the noised gradient leaves the optimizer (``apply`` takes nothing else), adds 1
+  to its counter in the graph, whoever calls it (``fit``, a custom ``train_step``, a
+  custom loop, ``train_on_batch``) and however the gradient is then applied. The counter
+  is not a Keras weight: no checkpoint holds it and no restore writes it. On the host the
+  booking cuts the count into segments, one per sampling context: a segment opens when
+  ``fit`` or ``open_segment`` says how the batches are drawn and closes when that ends.
+  Steps outside such a context have no sampling fdp_tf can vouch for and are booked at
+  rate 1 (no amplification), with a :class:`fdp_tf.SamplingWarning`.
+* Every ``PrivateModel`` has an :class:`Odometer`: the bookings of every optimizer it
+  was compiled with, plus every segment of every ledger table restored into it. Each
+  segment has a random id. A restored row with one of the model's own ids is already
+  counted live; any other id is kept with the largest step count seen for it (a later
+  snapshot of the same segment). So a restore adds the history it brings, and a
+  restore of this process's own earlier state adds nothing and removes nothing.
+
+The ``dp_ledger`` weight that files carry is a copy: :meth:`Odometer.sync` merges
+whatever it holds (a restore may have written it) and then writes the odometer into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import warnings
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from fdp_tf.ledger import MAX_SEGMENTS, PrivacyLedger, Segment
+from fdp_tf.sampling import PoissonSampling, SamplingWarning
+
+__all__ = ["Booking", "Odometer", "booking_of"]
+
+HOW_TO_AMPLIFY = (
+    "For an amplified, certified epsilon train with fit on arrays or on "
+    "fdp_tf.poisson_batches(x, y, expected_batch_size=B), or call "
+    "model.open_segment(fdp_tf.PoissonSampling(num_examples=N, expected_batch_size=B)) before "
+    "steps on batches drawn that way"
+)
+
+
+def new_segment_id() -> int:
+    """A random non-zero id below 2**52, exact in the float64 table."""
+    return secrets.randbits(52) | 1
+
+
+def _same_settings(a: Segment, b: Segment) -> bool:
+    return a.same_mechanism(b) and (a.l2_norm_clip, a.expected_batch_size) == (b.l2_norm_clip, b.expected_batch_size)
+
+
+@dataclasses.dataclass
+class _Entry:
+    """One segment of a booking: ``done`` steps before its last opening, plus the counter
+    minus ``base`` while it is open."""
+
+    segment: Segment  # settings and id (its ``steps`` is not used)
+    vouched: bool  # False: the sampling is unknown, booked at rate 1
+    base: int | None  # counter value when last opened; None once closed
+    done: int = 0
+    warned: bool = False
+
+
+class Booking:
+    """The private steps one DP optimizer released in this process, by segment.
+
+    Args:
+      optimizer: the :class:`fdp_tf.DPOptimizer` (its mechanism, C and B label segments).
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+        with tf.init_scope():  # a plain (untracked) variable: no checkpoint or restore touches it
+            self.counter = keras.Variable(0, dtype="int64", trainable=False, name="dp_released",
+                                          aggregation="only_first_replica")
+        self._entries: list[_Entry] = []
+        self._current = self._start(None, base=0)
+        self._mechanism = self._current.segment  # sigma, r: fixed (traced steps bake them in)
+
+    @property
+    def released(self) -> int:
+        """Private steps released by the optimizer in this process."""
+        return int(self.counter.numpy())
+
+    def release(self) -> None:
+        """Book one private release (``compute_private_gradients``; runs in the graph)."""
+        self._check_mechanism()
+        if not self._current.vouched:  # eagerly, or once when the step is traced
+            self._warn(self._current, None)
+        self.counter.assign_add(1)
+
+    def open(self, sampling: PoissonSampling | None, *, warned: bool = False) -> None:
+        """Book the next steps at ``sampling`` (``None``: unknown, rate 1); between steps.
+
+        ``warned``: the caller already told the user these steps get no amplification.
+        """
+        if not tf.executing_eagerly():
+            raise ValueError(
+                "open_segment and fit cut the privacy ledger by reading the optimizer's step "
+                "counter: call them outside tf.function"
+            )
+        self._check_mechanism()
+        now, current = self.released, self._current
+        current.done, current.base = current.done + now - (current.base or 0), None  # close it
+        if current.done == 0:
+            self._entries.remove(current)
+        template = self._template(sampling)
+        last = self._entries[-1] if self._entries else None
+        if last is not None and last.vouched == (sampling is not None) and _same_settings(last.segment, template):
+            last.base, self._current = now, last  # the same settings again: continue it
+        else:
+            self._current = self._start(sampling, base=now)
+        self._current.warned = self._current.warned or warned
+
+    def segments(self) -> list[Segment]:
+        """The segments with at least one step (warns once for steps of unknown sampling)."""
+        now, out = self.released, []
+        for entry in self._entries:
+            steps = entry.done + (now - entry.base if entry.base is not None else 0)
+            if steps > 0:
+                if not entry.vouched:
+                    self._warn(entry, steps)
+                out.append(dataclasses.replace(entry.segment, steps=steps))
+        return out
+
+    def ids(self) -> set[int]:
+        return {entry.segment.segment_id for entry in self._entries}
+
+    def warn_if_unknown(self) -> None:
+        """Warn now (once per segment) if the next steps have no known sampling."""
+        if not self._current.vouched:
+            self._warn(self._current, None)
+
+    def _check_mechanism(self) -> None:
+        was, now = self._mechanism, self._optimizer.segment(1.0)
+        if not now.same_mechanism(was):
+            raise ValueError(
+                f"the noise settings of {type(self._optimizer).__name__} changed after it was "
+                f"created (noise_multiplier {was.noise_multiplier} -> {now.noise_multiplier}, "
+                f"jl_projections {was.jl_projections} -> {now.jl_projections}); steps already "
+                "traced keep the old ones, so they would be booked wrongly. Compile with a new "
+                "optimizer to change them"
+            )
+
+    def _start(self, sampling: PoissonSampling | None, base: int) -> _Entry:
+        entry = _Entry(self._template(sampling), sampling is not None, base)
+        self._entries.append(entry)
+        return entry
+
+    def _template(self, sampling: PoissonSampling | None) -> Segment:
+        optimizer = self._optimizer
+        rate = 1.0 if sampling is None else sampling.sampling_rate
+        return dataclasses.replace(
+            optimizer.segment(rate), l2_norm_clip=float(optimizer.l2_norm_clip),
+            expected_batch_size=int(optimizer.expected_batch_size or 0), segment_id=new_segment_id())
+
+    def _warn(self, entry: _Entry, steps: int | None) -> None:
+        if entry.warned:
+            return
+        entry.warned = True
+        what = "private steps" if steps is None else f"{steps} private step(s)"
+        warnings.warn(
+            f"{what} of {type(self._optimizer).__name__} ran on batches whose sampling fdp_tf "
+            "cannot vouch for (train_on_batch, or a custom loop or train_step outside fit and "
+            "without model.open_segment): they are booked with no amplification, at sampling "
+            f"rate 1. {HOW_TO_AMPLIFY}",
+            SamplingWarning,
+            stacklevel=3,
+        )
+
+
+def booking_of(optimizer: Any) -> Booking | None:
+    """The booking of a DP optimizer; ``None`` for any other optimizer."""
+    return getattr(optimizer, "_dp_booking", None)
+
+
+class _NonPrivateTally:
+    """Steps of a non-private optimizer (comparison runs): epsilon is infinite after one.
+
+    Keras's optimizers have no release hook, so the count is read from ``iterations``,
+    keeping its largest advance seen (a restore may lower it; one step decides anyway).
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+        self._base = self._iterations()
+        self._steps = 0
+        self._segment = Segment("non_private", 0.0, 0, 1.0, 0, segment_id=new_segment_id())
+
+    def _iterations(self) -> int:
+        return int(self._optimizer.iterations.numpy())
+
+    def segments(self) -> list[Segment]:
+        self._steps = max(self._steps, self._iterations() - self._base)
+        return [dataclasses.replace(self._segment, steps=self._steps)] if self._steps > 0 else []
+
+    def ids(self) -> set[int]:
+        return {self._segment.segment_id}
+
+
+class Odometer:
+    """Everything a model trained: its optimizers' bookings and every restored record."""
+
+    def __init__(self) -> None:
+        self._sources: list[Booking | _NonPrivateTally] = []
+        self._restored: dict[int, Segment] = {}  # by segment id: the largest snapshot seen
+        self._merged_ids: set[int] = set()  # ids of rows this odometer wrote merged
+        self._token = new_segment_id()
+
+    def attach(self, optimizer: Any) -> None:
+        """Count every step ``optimizer`` runs from now on (called by ``compile``)."""
+        source = booking_of(optimizer) or _NonPrivateTally(optimizer)
+        if not any(s is source for s in self._sources):
+            self._sources.append(source)
+
+    def segments(self) -> list[Segment]:
+        """Every segment with steps: the restored ones, then this process's own."""
+        own = [segment for source in self._sources for segment in source.segments()]
+        return [*self._restored.values(), *own]
+
+    def ledger(self) -> PrivacyLedger:
+        """The segments, adjacent ones with the same settings shown as one."""
+        shown: list[Segment] = []
+        for segment in self.segments():
+            if shown and _same_settings(shown[-1], segment):
+                shown[-1] = dataclasses.replace(shown[-1], steps=shown[-1].steps + segment.steps, segment_id=0)
+            else:
+                shown.append(segment)
+        return PrivacyLedger(tuple(shown))
+
+    def absorb(self, table: Any) -> None:
+        """Merge a restored ledger table: a foreign segment is added, never max'ed away."""
+        own = set().union(*(source.ids() for source in self._sources), self._merged_ids)
+        for segment in PrivacyLedger.from_table(table).segments:
+            # a row without an id (written by hand) is keyed by its content: idempotent
+            key = segment.segment_id or hash(tuple(segment.row()))
+            if segment.steps <= 0 or key in own:
+                continue
+            kept = self._restored.get(key)
+            if kept is None or kept.steps < segment.steps:
+                self._restored[key] = segment
+
+    def table(self) -> np.ndarray:
+        """The table files carry; beyond MAX_SEGMENTS rows, one row per mechanism."""
+        segments = self.segments()
+        if len(segments) > MAX_SEGMENTS:
+            merged: dict[tuple[Any, ...], Segment] = {}
+            for s in segments:
+                key = (s.kind, s.noise_multiplier, s.jl_projections, s.sampling_rate)
+                # a fixed id per mechanism: later files carry later snapshots of the same row
+                ident = hash((self._token, key)) % (2**52 - 1) + 1
+                self._merged_ids.add(ident)
+                steps = merged[key].steps if key in merged else 0
+                merged[key] = dataclasses.replace(s, steps=steps + s.steps, segment_id=ident)
+            segments = list(merged.values())
+        return PrivacyLedger(tuple(segments)).table()
+
+    def sync(self, variable: Any) -> PrivacyLedger:
+        """Merge what the ledger weight holds, write the odometer into it; the ledger."""
+        self.absorb(variable.numpy())
+        variable.assign(self.table())
+        return self.ledger()

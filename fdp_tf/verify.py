@@ -1,0 +1,325 @@
+"""A private step that verifies what it assumes before it releases anything.
+
+:meth:`fdp_tf.DPOptimizer.compute_private_gradients` runs :func:`verified_private_gradient`:
+
+1. **non-trainable state** (every step): the model's non-trainable weights are read
+   before the step and compared after it (:class:`fdp_tf.guards.StateGuard`);
+2. **independence and the per-example method** (the first step of every trace): the
+   probe of :mod:`fdp_tf.probes` on that step's batch, before the step's own pass;
+3. **the step**, with the method that passed: ``per_example_method="auto"`` falls back
+   to the per-example loop when pfor or the layer taps disagree with the batch
+   gradient, ``jvp_method="auto"`` to the double vjp when forward mode does; an
+   explicitly chosen method that fails is refused;
+4. **non-finite examples** dropped (:mod:`fdp_tf.nonfinite`);
+5. **the release gated**: the returned gradients depend on every check, so
+   ``apply_gradients`` cannot run on a refused step (:mod:`fdp_tf.refusals`).
+
+"Every trace": each trace of the step gets a slot in a per-optimizer flag vector (a
+variable out of TensorFlow's tracking, so never saved: a reloaded model is verified
+again); the probe runs inside ``tf.cond`` while the slot is unset, i.e. on the first
+step whose batch had at least two usable rows, and costs nothing later. Eagerly, all
+calls share one slot. Under ``tf.distribute`` the flags are per replica
+(``ON_READ``): every replica verifies its own share of the batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from fdp_tf.forward import ForwardFn, ForwardPass, PrivateGradient
+from fdp_tf.guards import StateGuard
+from fdp_tf.nonfinite import single_row_check, without_nonfinite_examples
+from fdp_tf.probes import Verdict, method_check, probe, seed_states, signature_fn
+from fdp_tf.refusals import as_value_error, gated, refuse_unless
+
+__all__ = ["StepChecks", "engage_fallback", "guarded_train_function", "step_checks", "verified_private_gradient"]
+
+#: Traces verified separately; a later trace is probed on every step (slow, never unsafe).
+SLOTS = 64
+
+NONDETERMINISTIC = (
+    "the model's training forward pass did not repeat itself on the same batch from the "
+    "same Keras seed states, so the check that examples do not interact cannot compare "
+    "like with like. Draw random numbers with keras.random and a keras.random.SeedGenerator "
+    "(as Keras's own layers do), not with tf.random"
+)
+MIXED = (
+    "the loss or gradient of an example changed when other examples of the batch changed: "
+    "a layer or operation mixes the rows of the batch (e.g. a normalisation or softmax over "
+    "axis 0, or keras.ops over the batch axis), so no example's contribution is bounded by "
+    "the clipping norm. Make every operation act on each example separately (e.g. "
+    "LayerNormalization over the feature axes, never axis=0)"
+)
+
+
+def _method_message(kind: str, primary: str, fallback: str | None) -> str:
+    if kind == "jl" and primary in ("forward", "auto") and fallback is None:
+        return ("jvp_method='forward' computes wrong JL projections for this model (they disagree "
+                "with the batch gradient; forward mode is wrong through e.g. grouped "
+                "convolutions): use jvp_method='double_vjp' or 'auto'")
+    if kind == "jl":
+        return ("the JL projections of this model disagree with its batch gradient in forward "
+                "mode and by the double vjp (a second derivative TensorFlow does not compute): "
+                "train it with exact clipping, fdp_tf.DPSGDVanilla(per_example_method='loop')")
+    return (f"per_example_method={primary!r} computes wrong per-example gradients for this model "
+            "(sum_i w_i g_i disagrees with the gradient of sum_i w_i l_i; pfor is wrong through "
+            "e.g. grouped convolutions): use per_example_method='loop' (exact) or 'auto', which "
+            "checks the method and falls back to the loop")
+
+
+class StepChecks:
+    """Verification state of one optimizer: which traces passed, and whether its
+    first-choice per-example method failed (then the fallback is used for good)."""
+
+    def __init__(self) -> None:
+        kw: dict[str, Any] = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        with tf.init_scope():  # may be created while the first step traces
+            self.verified = tf.Variable(tf.zeros([SLOTS]), name="fdp_verified_traces", **kw)
+            self.failed = tf.Variable(0.0, name="fdp_method_failed", **kw)
+        self.traces = 0
+        self.used: set[int] = set()
+
+    def next_slot(self) -> int | None:
+        if tf.executing_eagerly():
+            slot: int | None = 0
+        else:
+            self.traces += 1
+            slot = self.traces if self.traces < SLOTS else None
+        if slot is not None:
+            self.used.add(slot)
+        return slot
+
+    def pending(self, slot: int | None) -> tf.Tensor:
+        return tf.constant(True) if slot is None else self.verified[slot] < 0.5
+
+    def mark(self, slot: int | None, done: tf.Tensor) -> Any:
+        if slot is None:
+            return None
+        return _when(done, lambda: self.verified.assign(
+            tf.tensor_scatter_nd_update(tf.convert_to_tensor(self.verified), [[slot]], [1.0])))
+
+    def mark_failed(self, failed: tf.Tensor) -> Any:
+        return _when(failed, lambda: self.failed.assign(1.0))
+
+
+
+def step_checks(optimizer: Any) -> StepChecks:
+    checks = getattr(optimizer, "_dp_step_checks", None)
+    if checks is None:
+        checks = StepChecks()
+        optimizer._dp_step_checks = checks
+    return checks
+
+
+def methods(optimizer: Any, model: Any) -> tuple[str, str, str | None]:
+    """(kind, first-choice method, fallback or None) of ``optimizer`` on ``model``."""
+    config = optimizer.dp_config
+    if config.uses_jl:
+        primary = optimizer.resolve_jvp_method(model)
+        return "jl", primary, ("double_vjp" if config.jvp_method == "auto" and primary != "double_vjp" else None)
+    primary = optimizer.resolve_per_example_method(model)
+    return "exact", primary, ("loop" if config.per_example_method == "auto" and primary != "loop" else None)
+
+
+def engage_fallback(optimizer: Any, model: Any) -> str | None:
+    """After a step whose probe crashed inside the first-choice method (e.g. pfor through a
+    Conv3D with groups): use the fallback from now on. Returns the abandoned method, or
+    ``None`` if there is no fallback left to engage."""
+    checks = getattr(optimizer, "_dp_step_checks", None)
+    if checks is None or float(checks.failed.numpy()) > 0.5:
+        return None
+    verified = checks.verified.numpy()
+    if all(verified[slot] > 0.5 for slot in checks.used) and checks.traces < SLOTS:
+        return None  # every trace passed its probe: the crash is not the method's
+    kind, primary, fallback = methods(optimizer, model)
+    if fallback is None:
+        return None
+    checks.failed.assign(1.0)
+    return primary
+
+
+def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callable[[Any], Any]:
+    """Wrap a Keras training function of a ``PrivateModel``:
+
+    * a run-time refusal (an ``InvalidArgumentError`` carrying :data:`REFUSED`) is raised
+      as the ``ValueError`` it is;
+    * a first step that crashed inside TensorFlow while its trace was unverified (pfor
+      through a Conv3D with groups) released nothing: the method's fallback is engaged
+      and the next batch trained, and the epoch ends when Keras counts it should (the
+      batch the crash consumed is owed at the end of the data).
+    """
+    owed = [0]
+    last: list[Any] = [None]
+
+    def train_function(iterator: Any) -> Any:
+        try:
+            logs = function(iterator)
+        except StopIteration:
+            if owed[0] and last[0] is not None:
+                owed[0] -= 1
+                return last[0]
+            raise
+        except tf.errors.OpError as err:
+            refusal = as_value_error(err)
+            if refusal is not None:
+                raise refusal from err
+            if XLA_FAILED in str(err):  # nothing ran: the step did not compile
+                raise ValueError(
+                    "the private step of this model does not compile with XLA (jit_compile=True): "
+                    f"{_first_line(err)}. Nothing was trained; compile the model with "
+                    "jit_compile=False") from err
+            abandoned = engage_fallback(model.optimizer, model.base_model)
+            if abandoned is None:
+                raise
+            if inspect.isgenerator(iterator):  # train_on_batch: its one batch is spent
+                raise ValueError(
+                    f"the per-example method {abandoned!r} crashed on this model's first step "
+                    f"({type(err).__name__}); nothing was released, and its fallback is used "
+                    "from now on: run the step again") from err
+            warnings.warn(
+                f"the per-example method {abandoned!r} crashed on this model's first step "
+                f"({type(err).__name__}); nothing was released, and the next batch is trained "
+                "with its fallback, used from now on", RuntimeWarning, stacklevel=2)
+            try:
+                logs = function(iterator)
+            except tf.errors.OpError as again:
+                refusal = as_value_error(again)
+                if refusal is not None:
+                    raise refusal from again
+                raise
+            owed[0] += 1
+        last[0] = logs
+        return logs
+
+    train_function._fdp_guarded = True  # type: ignore[attr-defined]
+    return train_function
+
+
+#: What TensorFlow's error says when a graph could not be compiled by XLA.
+XLA_FAILED = "tf2xla conversion failed"
+
+
+def _first_line(err: BaseException) -> str:
+    """The line of a TensorFlow error that says what failed (not its stack trace)."""
+    lines = [line.strip() for line in str(getattr(err, "message", err)).splitlines()]
+    useful = [line for line in lines if line and not line.startswith(("Detected at", "File ", "Stack trace",
+                                                                        "[[", "tf2xla", "<stack", "Graph execution"))]
+    return (useful[0] if useful else type(err).__name__).rstrip(".")[:300]
+
+
+def verified_private_gradient(
+    optimizer: Any,
+    forward_fn: ForwardFn,
+    variables: Sequence[Any],
+    model: Any,
+    forward_on_rows: Callable[[tf.Tensor], ForwardPass] | None,
+    forward_on_indices: Callable[[tf.Tensor], ForwardPass] | None,
+) -> PrivateGradient:
+    """One private step of ``optimizer`` with every run-time check (module docstring)."""
+    checks = step_checks(optimizer)
+    guard = StateGuard(model)  # before anything of the step runs
+    kind, primary, fallback = methods(optimizer, model)
+    failed_before = tf.convert_to_tensor(checks.failed) > 0.5
+    if forward_on_indices is None:
+        # without it nothing can check that examples do not interact: refused, not warned
+        raise ValueError(
+            "compute_private_gradients needs forward_on_indices, the forward pass on the batch "
+            "whose row j is row rows[j] (e.g. lambda rows: forward(tf.gather(x, rows), "
+            "tf.gather(y, rows))), to verify that examples do not interact before anything is "
+            "released. In a PrivateModel's train_step or a custom loop call "
+            "model.private_gradients(x, y) instead, which passes it"
+        )
+    slot = checks.next_slot()
+    variables = list(variables)
+    trusted = (lambda forward_fn: tf.constant(True))
+    tests = [method_check(kind, primary, variables, model)]
+    if fallback is not None:
+        tests.append(method_check(kind, fallback, variables, model) if kind == "jl" else trusted)
+    signature = signature_fn(variables, model)
+    def probed() -> Verdict:
+        found = probe(forward_fn, forward_on_indices, signature, tests, seed_states(model),
+                      check_primary=tf.logical_not(failed_before))
+        # booked here, where the probe ran: a later step of the trace does nothing
+        done = tf.reduce_all(tf.stack([found.complete, found.deterministic, found.independent,
+                                       found.method_ok]))
+        book = [checks.mark(slot, done)]
+        if fallback is not None:  # its own check passed: use it from now on
+            book.append(checks.mark_failed(tf.logical_and(tf.logical_not(found.primary_ok), found.method_ok)))
+        book = [b for b in book if b is not None]
+        if book and not tf.executing_eagerly():
+            with tf.control_dependencies(book):
+                return Verdict(*[tf.identity(t) for t in found])
+        return found
+
+    verdict = _cond(checks.pending(slot), probed, Verdict.passed)
+    primary_failed = tf.logical_not(verdict.primary_ok)
+
+    def run(fwd: ForwardFn, method: str) -> Callable[[], PrivateGradient]:
+        return lambda: optimizer._private_gradient(fwd, variables, model, method=method)
+
+    if fallback is None:
+        result = run(forward_fn, primary)()
+    else:
+        result = _select(tf.logical_or(failed_before, primary_failed), run(forward_fn, fallback),
+                         run(forward_fn, primary))
+    if forward_on_rows is not None:
+        rows = tf.shape(result.forward.per_example_losses)[0]
+        # the rare rerun without the non-finite rows uses the method that never fails
+        again = fallback or primary
+        # pfor and the loop backpropagate through the shared batch (0 * inf reaches every row)
+        alone = single_row_check(forward_on_rows, variables, rows) if kind == "exact" else None
+        result = without_nonfinite_examples(result, lambda keep: run(lambda: forward_on_rows(keep), again)(), alone)
+    refusals = (guard.check()  # first: it restores what the step (and the probe) changed
+                + refuse_unless(verdict.deterministic, NONDETERMINISTIC)
+                + refuse_unless(verdict.independent, MIXED)
+                + refuse_unless(verdict.method_ok, _method_message(kind, primary, fallback)))
+    grads = gated(result.gradients, refusals)
+    return PrivateGradient(grads, result.forward, result.norms, result.clip_factors, result.dropped,
+                           result.fallbacks)
+
+
+def _when(pred: tf.Tensor, assign: Callable[[], Any]) -> Any:
+    """Run ``assign`` if ``pred``; returns what the release must wait for (graph mode)."""
+    if tf.executing_eagerly():
+        if bool(pred):
+            assign()
+        return None
+
+    def run() -> tf.Tensor:
+        assign()  # a stateful op in a branch runs with it (automatic control dependencies)
+        return tf.constant(True)
+
+    return tf.cond(pred, run, lambda: tf.constant(False))
+
+
+def _cond(pred: tf.Tensor, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+    if tf.executing_eagerly():
+        return true_fn() if bool(pred) else false_fn()
+    return tf.cond(pred, true_fn, false_fn)
+
+
+def _select(pred: tf.Tensor, true_fn: Callable[[], PrivateGradient],
+            false_fn: Callable[[], PrivateGradient]) -> PrivateGradient:
+    """``tf.cond`` over two private steps (same forward function, maybe other methods)."""
+    if tf.executing_eagerly():
+        return true_fn() if bool(pred) else false_fn()
+
+    def packed(fn: Callable[[], PrivateGradient]) -> Callable[[], tuple]:
+        def run() -> tuple:
+            r = fn()
+            fallbacks = tf.zeros([], tf.int32) if r.fallbacks is None else tf.cast(r.fallbacks, tf.int32)
+            dropped = tf.zeros([], tf.int32) if r.dropped is None else tf.cast(r.dropped, tf.int32)
+            reg = () if r.forward.regularization is None else r.forward.regularization
+            return (list(r.gradients), r.forward.per_example_losses, reg, r.forward.outputs,
+                    r.norms, r.clip_factors, dropped, fallbacks)
+
+        return run
+
+    grads, losses, reg, outputs, norms, factors, dropped, fallbacks = tf.cond(pred, packed(true_fn), packed(false_fn))
+    return PrivateGradient(list(grads), ForwardPass(losses, None if reg == () else reg, outputs), norms,
+                           factors, dropped, fallbacks)

@@ -1,0 +1,85 @@
+"""The privacy fuzzer's fixed CI sample (tools/privacy_fuzz.py; longer searches:
+``python tools/privacy_fuzz.py --budget MINUTES``): every generated model on every path is
+trained privately or refused with a ValueError, never anything else."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("tensorflow", minversion="2.16")
+pytest.importorskip("keras", minversion="3.0")
+
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+
+TOOLS = pathlib.Path(__file__).resolve().parents[2] / "tools"
+sys.path.insert(0, str(TOOLS))
+
+import fuzz_models  # noqa: E402
+import privacy_fuzz  # noqa: E402
+
+#: The CI sample: fixed case seeds (each case's model, optimizer and paths follow from its
+#: seed, so the sample is the same on every run), plus one case per family on a path, so
+#: most of the grammar runs in CI within a few minutes (longer: tools/privacy_fuzz.py).
+SAMPLE = [0, 1, 3]
+FAMILY_CASES = [("dense", "fit"), ("attention", "fit"), ("depthwise", "train_on_batch"),
+                ("conv2d", "custom_loop"), ("recurrent", "custom_train_step")]
+#: Open findings of the fuzzer (issue 26, not yet fixed): strict xfails, so the day a fix
+#: lands they fail and move to FAMILY_CASES.
+OPEN_FINDINGS = [("conv1d", "fit_jit"), ("custom", "fit_jit")]
+
+
+def _assert_private_or_refused(outcomes: list) -> None:
+    for out in outcomes:
+        assert out.status in ("private", "refused"), f"{out.case.describe()} [{out.check}]: {out.detail}"
+
+
+def _check(case: fuzz_models.Case, ledger: bool) -> list:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [privacy_fuzz.check_case(case)] + ([privacy_fuzz.check_accounting(case)] if ledger else [])
+
+
+@pytest.mark.parametrize("seed", SAMPLE)
+def test_a_fuzz_case_is_private_or_refused(seed: int) -> None:
+    _assert_private_or_refused(_check(fuzz_models.random_case(seed), ledger=True))
+
+
+@pytest.mark.parametrize("family,path", FAMILY_CASES)
+def test_every_family_on_a_path(family: str, path: str) -> None:
+    case = fuzz_models.random_case(1000 + len(family), families=(family,), paths=(path,))
+    _assert_private_or_refused(_check(case, ledger=False))
+
+
+@pytest.mark.xfail(strict=True, reason="fuzzer finding, open: under jit_compile=True one example moves the "
+                   "exact-clipping update by more than its own clipped term (1.09 C conv1d, 0.83 C custom)")
+@pytest.mark.parametrize("family,path", OPEN_FINDINGS)
+def test_open_findings_under_xla(family: str, path: str) -> None:
+    case = fuzz_models.random_case(1000 + len(family), families=(family,), paths=(path,))
+    _assert_private_or_refused(_check(case, ledger=False))
+
+
+@pytest.mark.parametrize("ledger_path", fuzz_models.LEDGER_PATHS)
+def test_every_ledger_path(ledger_path: str) -> None:
+    case = fuzz_models.random_case(2000 + len(ledger_path), families=("dense",))
+    case.ledger_path = ledger_path
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = privacy_fuzz.check_accounting(case)
+    assert out.status == "private", f"{case.describe()} [{ledger_path}]: {out.detail}"
+
+
+@pytest.mark.xfail(strict=True, reason="fuzzer finding, open: under a two-replica MirroredStrategy the "
+                   "removal of one example moves the update by more than its own clipped term "
+                   "(1.08 C, attention, exact; 0.28 C recurrent, JL) or the step errors (Conv3D)")
+def test_the_distributed_path_in_its_own_process() -> None:
+    """Two logical CPUs must be configured before TensorFlow starts: a fresh process."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    run = subprocess.run([sys.executable, str(TOOLS / "privacy_fuzz.py"), "--cases", "2", "--seed", "0",
+                          "--path", "distributed", "--no-ledger"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "2 replica(s)" in run.stdout and "VIOLATION" not in run.stdout

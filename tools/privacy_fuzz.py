@@ -1,0 +1,283 @@
+"""A privacy fuzzer for fdp_tf: random models on random training paths, checked against
+ground truth computed independently of fdp_tf.
+
+Every generated case must end one of two ways: trained privately, or refused with a
+``ValueError`` (a clear error). Anything else is a finding:
+
+(a) sensitivity. With sigma = 0, SGD at learning rate 1 and the same JL directions (two
+    optimizers seeded alike), one step on a batch D and one on D' = D minus example i
+    move the weights by g(D) and g(D'); B (g(D) - g(D')) must be the removed example's
+    own clipped term c_i g_i, with g_i its gradient computed with a plain GradientTape
+    (on that row alone; with dropout, on the whole batch's loss of that row, the same
+    masks): nothing else may change. Exact clipping: c_i = min(1, C / ||g_i||), so the
+    term's norm is <= C (1 + 1e-4). DP-SGD-JL: c_i = min(1, C / M_i) with M_i the JL
+    estimate of ||g_i|| from the shared directions (its excess over C is what the JL
+    mechanism's accounting covers), so only c_i >= 0 and the direction are checked.
+    No non-trainable weight may change (data-dependent state released unnoised).
+(b) noise. With the same seeds, sigma = 1 minus sigma = 0 is the noise alone: its
+    sample variance over the model's P weights must fit (sigma C / B)^2 (a chi-square
+    test at 1e-6 on each side).
+(c) accounting. Several steps on a path that does things to the weights and the
+    optimizer between them (BackupAndRestore resumed with other settings, EarlyStopping
+    restoring the best weights, ModelCheckpoint + load_model + more training,
+    recompile, set_weights, train_on_batch after fit, a custom loop or train_step): the
+    logged epsilon must be >= the certified lower bound of an independent
+    ``fdp.PLDAccountant`` of the steps the fuzzer counted (Keras callbacks, its own
+    loops), each at the sampling it ran (rate 1 where nothing vouches for it).
+
+Models come from the grammar of ``fuzz_models``; the paths of (a) and (b) are ``fit``
+(eager or ``jit_compile``), a custom loop, a custom ``train_step``, ``train_on_batch``
+and ``fit`` under a two-replica ``MirroredStrategy`` (two logical CPUs, when this
+script configures TensorFlow first; in a process where TensorFlow already started, that
+path runs as ``fit``).
+
+    python tools/privacy_fuzz.py --budget 60            # minutes of random search
+    python tools/privacy_fuzz.py --cases 40 --seed 0    # a fixed sample
+
+Seeds are explicit (the fuzzer needs repeatable directions and noise), so fdp_tf's
+``NotPrivateWarning`` is silenced here: no model trained by this script is private.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import tensorflow as tf  # noqa: E402
+
+try:  # two logical CPUs for the MirroredStrategy path (only before TensorFlow starts)
+    _cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+except RuntimeError:
+    pass
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fdp  # noqa: E402
+import fdp_tf  # noqa: E402
+from fuzz_models import STEP_PATHS, Case, random_case  # noqa: E402
+
+CLIP = 0.1
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+def two_replicas() -> bool:
+    return len(tf.config.list_logical_devices("CPU")) >= 2
+
+
+# ------------------------------------------------------------------ the paths
+
+
+def _optimizer(kind: str, sigma: float, batch: int, seed: int | None) -> fdp_tf.DPOptimizer:
+    common = dict(l2_norm_clip=CLIP, noise_multiplier=sigma, expected_batch_size=batch, learning_rate=1.0,
+                  seed=seed)
+    if kind == "jl":
+        return fdp_tf.DPSGDJL(jl_projections=3, **common)
+    return fdp_tf.DPSGDVanilla(**common)
+
+
+class OwnStep(fdp_tf.PrivateModel):
+    """A user's train_step from the documented pieces (not PrivateModel.train_step)."""
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        x, y = data
+        result = self.private_gradients(x, y)
+        self.optimizer.apply_gradients(zip(result.gradients, self.trainable_variables))
+        return {"loss": tf.reduce_mean(result.forward.per_example_losses)}
+
+
+def _flat(grads: Any, variables: Any) -> np.ndarray:
+    return np.concatenate([np.zeros(v.shape).ravel() if g is None else np.asarray(tf.convert_to_tensor(g)).ravel()
+                           for g, v in zip(grads, variables)])  # (embeddings: IndexedSlices)
+
+
+def own_gradient(case: Case, i: int) -> np.ndarray:
+    """Example i's gradient with a plain GradientTape (no fdp_tf code): on its row alone,
+    or with dropout the gradient of its loss in the whole batch (the same masks)."""
+    keras.backend.clear_session()  # many models in one process: free the old graphs
+    model = case.build()
+    x, y, row = (case.x, case.y, i) if case.dropout else (case.x[i:i + 1], case.y[i:i + 1], 0)
+    with tf.GradientTape() as tape:
+        loss = LOSS(y, model(x, training=True))[row]
+    return _flat(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+
+def removal_error(case: Case, term: np.ndarray, own: np.ndarray) -> tuple[float, str]:
+    """How far B (g(D) - g(D')) = ``term`` is from example i's own clipped term c_i g_i, in
+    units of C (0 for a private step), and a note."""
+    norm = float(np.linalg.norm(own))
+    if norm == 0.0:
+        return float(np.linalg.norm(term)) / CLIP, "zero gradient"
+    if case.optimizer == "vanilla":
+        expected = min(1.0, CLIP / norm) * own
+        return float(np.linalg.norm(term - expected)) / CLIP, f"||term|| {np.linalg.norm(term) / CLIP:.4f} C"
+    c = max(float(term @ own) / norm**2, 0.0)  # the least-squares c_i >= 0
+    return float(np.linalg.norm(term - c * own)) / CLIP, f"c_i ||g_i|| {c * norm / CLIP:.3f} C"
+
+
+def _state(model: keras.Model) -> list[np.ndarray]:
+    """The non-trainable weights a step must not change (dropout seed states may)."""
+    return [np.array(v.numpy()) for v in model.non_trainable_variables if "seed_generator" not in v.path]
+
+
+def one_step(case: Case, rows: np.ndarray, sigma: float, batch: int, seed: int) -> np.ndarray:
+    """The weight change of one private step on ``rows`` of the case's data, by its path."""
+    path = case.path if case.path != "distributed" or two_replicas() else "fit"
+    keras.backend.clear_session()
+    scope = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope() if path == "distributed"
+             else tf.distribute.get_strategy().scope())
+    with scope:
+        wrapper = OwnStep if path == "custom_train_step" else fdp_tf.PrivateModel
+        model = wrapper(case.build())
+        model.compile(optimizer=_optimizer(case.optimizer, sigma, batch, seed), loss=LOSS,
+                      jit_compile=path == "fit_jit")
+    x, y = case.x[rows], case.y[rows]
+    before = [np.array(v.numpy()) for v in model.trainable_variables]
+    state = _state(model.base_model)
+    sampling = fdp_tf.PoissonSampling(num_examples=len(case.x), expected_batch_size=batch)
+    if path in ("fit", "fit_jit", "custom_train_step", "distributed"):
+        # repeated: a first step whose method crashed (pfor, Conv3D groups) trains the next
+        data = tf.data.Dataset.from_tensors((x, y)).repeat()
+        model.fit(data, epochs=1, steps_per_epoch=1, verbose=0, sampling=sampling)
+    elif path == "custom_loop":
+        model.open_segment(sampling)
+        result = model.private_gradients(tf.constant(x), tf.constant(y))
+        model.optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
+    else:
+        model.open_segment(sampling)
+        model.train_on_batch(x, y)
+    for a, b in zip(state, _state(model.base_model)):
+        if not np.array_equal(a, b):
+            raise AssertionError("a non-trainable weight changed in a private step that was not refused")
+    return np.concatenate([(np.array(v.numpy()) - b).ravel() for v, b in zip(model.trainable_variables, before)])
+
+
+@dataclass
+class Outcome:
+    case: Case
+    check: str  # "step" or "ledger"
+    status: str  # "private", "refused" or "VIOLATION"
+    detail: str
+
+
+def _refused_or_violation(case: Case, check: str, err: BaseException) -> Outcome:
+    if isinstance(err, ValueError):
+        return Outcome(case, check, "refused", str(err).splitlines()[0][:160])
+    return Outcome(case, check, "VIOLATION", f"{type(err).__name__}: {str(err).splitlines()[0][:200]}\n"
+                                             f"{traceback.format_exc(limit=4)}")
+
+
+def check_case(case: Case) -> Outcome:
+    """Run checks (a) and (b) on ``case``; a ValueError anywhere is a refusal."""
+    n = len(case.x)
+    every = np.arange(n)
+    try:
+        full = one_step(case, every, 0.0, n, seed=11)
+        worst, note = 0.0, ""
+        # with dropout only the last row: the others keep their masks (a prefix of the draw)
+        for i in ([n - 1] if case.dropout else range(n)):
+            term = -n * (full - one_step(case, np.delete(every, i), 0.0, n, seed=11))  # lr 1: w -= g
+            error, what = removal_error(case, term, own_gradient(case, i))
+            if error > worst:
+                worst, note = error, what
+        if not worst <= 1e-4:
+            return Outcome(case, "step", "VIOLATION", f"removing one example moves B g by {worst:.4f} C more "
+                                                      f"than its own clipped term ({note})")
+        noise = one_step(case, every, 1.0, n, seed=11) - full
+        statistic = float(np.sum(noise**2) / (CLIP / n) ** 2)
+        low, high = stats.chi2.ppf([1e-6, 1 - 1e-6], df=noise.size)
+        if not low <= statistic <= high:
+            return Outcome(case, "step", "VIOLATION", f"noise variance {statistic / noise.size:.4f} x "
+                                                      f"(sigma C / B)^2 over {noise.size} weights")
+        replicas = 2 if case.path == "distributed" and two_replicas() else 1
+        return Outcome(case, "step", "private", f"removal error {worst:.1e} C, noise ok, {replicas} replica(s)")
+    except Exception as err:  # noqa: BLE001 - anything but a ValueError is a finding
+        return _refused_or_violation(case, "step", err)
+
+
+def check_accounting(case: Case, delta: float = 1e-5) -> Outcome:
+    """(c): the logged epsilon after the case's ledger path is >= an independent bound."""
+    from fuzz_ledger import run_ledger_path
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            logged, phases = run_ledger_path(case, tmp, delta)
+
+        def truth(upto: int) -> float:  # the certified lower bound of the first phases
+            run = [p for p in phases[:upto] if p.steps]
+            accountant = fdp.PLDAccountant()
+            for phase in run:
+                accountant = accountant.compose(phase.mechanism(), steps=phase.steps)
+            return accountant.get_epsilon_bounds(delta)[0] if run else 0.0
+
+        steps = sum(p.steps for p in phases)
+        for where, value, upto in logged:
+            if not value >= truth(upto):
+                return Outcome(case, "ledger", "VIOLATION", f"{case.ledger_path}: logged epsilon {value:.4f} "
+                                                            f"({where}) < {truth(upto):.4f} of the steps run by then")
+        return Outcome(case, "ledger", "private", f"{case.ledger_path}: epsilon >= {truth(len(phases)):.4f} ({steps} steps)")
+    except Exception as err:  # noqa: BLE001
+        return _refused_or_violation(case, "ledger", err)
+
+
+def run(seeds: Any, deadline: float = math.inf, accounting_every: int = 4, path: str | None = None) -> list[Outcome]:
+    """Check the cases of ``seeds`` until ``deadline`` (time.monotonic()); prints a line each."""
+    outcomes = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # seeded on purpose (NotPrivateWarning), sampling notes
+        for k, seed in enumerate(seeds):
+            if time.monotonic() > deadline:
+                break
+            case = random_case(seed) if path is None else random_case(seed, paths=(path,))
+            results = [check_case(case)]
+            if k % accounting_every == 0:
+                results.append(check_accounting(case))
+            for out in results:
+                print(f"{case.describe()} [{out.check}]: {out.status} {out.detail}", flush=True)
+            outcomes.extend(results)
+    return outcomes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=None, help="minutes of random search (fresh seeds)")
+    ap.add_argument("--cases", type=int, default=40, help="number of cases without --budget")
+    ap.add_argument("--seed", type=int, default=0, help="first case seed (a fixed sample)")
+    ap.add_argument("--path", choices=STEP_PATHS, default=None, help="only this path for checks (a), (b)")
+    ap.add_argument("--no-ledger", action="store_true", help="skip the accounting check (c)")
+    args = ap.parse_args()
+    every = 10**9 if args.no_ledger else 4
+    began = time.monotonic()
+    if args.budget is not None:
+        start = int.from_bytes(os.urandom(4), "little")
+        outcomes = run(range(start, start + 10**9), deadline=began + 60 * args.budget, path=args.path,
+                       accounting_every=every)
+    else:
+        outcomes = run(range(args.seed, args.seed + args.cases), path=args.path, accounting_every=every)
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("private", "refused", "VIOLATION")}
+    models = len({o.case.seed for o in outcomes})
+    by_path: dict[str, int] = {}
+    for o in outcomes:
+        key = o.case.path if o.check == "step" else f"ledger:{o.case.ledger_path}"
+        by_path[key] = by_path.get(key, 0) + 1
+    print(f"{models} models, {len(outcomes)} checks in {(time.monotonic() - began) / 60:.1f} min: {counts}")
+    print("checks by path: " + ", ".join(f"{k} {v}" for k, v in sorted(by_path.items())))
+    raise SystemExit(1 if counts["VIOLATION"] else 0)
+
+
+if __name__ == "__main__":
+    main()
