@@ -26,7 +26,9 @@ import privacy_fuzz  # noqa: E402
 #: most of the grammar runs in CI within a few minutes (longer: tools/privacy_fuzz.py).
 SAMPLE = [0, 1, 3]
 FAMILY_CASES = [("dense", "fit"), ("attention", "fit"), ("depthwise", "train_on_batch"),
-                ("conv2d", "custom_loop"), ("recurrent", "custom_train_step")]
+                ("conv2d", "custom_loop"), ("dense", "custom_train_step")]
+# (a recurrent case on a custom train_step ran > 17 min and 12 GiB here: searched by
+# tools/privacy_fuzz.py, not in CI, until its cost is understood)
 #: Open findings of the fuzzer (issue 26, not yet fixed): strict xfails, so the day a fix
 #: lands they fail and move to FAMILY_CASES.
 OPEN_FINDINGS = [("conv1d", "fit_jit"), ("custom", "fit_jit")]
