@@ -113,8 +113,11 @@ class StateGuard:
     Cost: reading and comparing the non-trainable weights, nothing for a model without.
     """
 
-    def __init__(self, model: Any) -> None:
-        self.variables = [] if model is None else list(model.non_trainable_weights)
+    def __init__(self, model: Any, variables: Any = None, message: str | None = None) -> None:
+        if variables is None:
+            variables = [] if model is None else model.non_trainable_weights
+        self.variables = list(variables)
+        self._message = message
         self.before = [tf.identity(tf.convert_to_tensor(v)) for v in self.variables]
 
     def check(self) -> list[Any]:
@@ -140,6 +143,8 @@ class StateGuard:
             return refuse_unless(tf.logical_not(changed), self.message())
 
     def message(self) -> str:
+        if self._message is not None:
+            return self._message
         names = ", ".join(getattr(v, "path", v.name) for v in self.variables[:4])
         more = f" and {len(self.variables) - 4} more" if len(self.variables) > 4 else ""
         return (

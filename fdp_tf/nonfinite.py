@@ -7,8 +7,12 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from fdp_tf.forward import ZERO, ForwardPass, PrivateGradient, record_forward
+from fdp_tf.refusals import gated, refuse_unless
 
-__all__ = ["single_row_check", "without_nonfinite_examples"]
+__all__ = ["NOT_FINITE", "single_row_check", "without_nonfinite_examples"]
+
+NOT_FINITE = ("the private gradient is not finite even without the examples whose loss or gradient "
+              "is not finite: the model overflows on finite inputs; scale the inputs")
 
 
 def without_nonfinite_examples(
@@ -81,12 +85,8 @@ def without_nonfinite_examples(
 
     grads, dropped, fallbacks, norms, factors = _cond(finite, first, again)
     # the checked values are what is released: a failed check stops the apply too
-    grads = [
-        tf.debugging.assert_all_finite(
-            g, "the private gradient is not finite even without the examples whose loss "
-               "or gradient is not finite: the model overflows on finite inputs; scale the inputs")
-        for g in grads
-    ]
+    finite_grads = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
+    grads = gated(grads, refuse_unless(finite_grads, NOT_FINITE))
     return PrivateGradient(grads, result.forward, norms, factors, dropped,
                            None if result.fallbacks is None else fallbacks)
 

@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from fdp_tf.ledger import MAX_SEGMENTS, PrivacyLedger, Segment
 from fdp_tf.sampling import PoissonSampling, SamplingWarning
+from fdp_tf.verify import raise_recorded_refusals
 
 __all__ = ["Booking", "Odometer", "booking_of"]
 
@@ -122,7 +123,12 @@ class Booking:
         self._current.warned = self._current.warned or warned
 
     def segments(self) -> list[Segment]:
-        """The segments with at least one step (warns once for steps of unknown sampling)."""
+        """The segments with at least one step (warns once for steps of unknown sampling).
+
+        Raises ``ValueError`` first for a step refused inside a compiled graph (a custom
+        loop under ``jit_compile``) that nothing has raised yet: its update was zeros,
+        but the run it belongs to did not do what its code says."""
+        raise_recorded_refusals(self._optimizer)
         now, out = self.released, []
         for entry in self._entries:
             steps = entry.done + (now - entry.base if entry.base is not None else 0)

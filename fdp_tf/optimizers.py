@@ -40,7 +40,8 @@ from fdp_tf.layerwise import layerwise_unsupported
 from fdp_tf.ledger import Segment
 from fdp_tf.odometer import Booking
 from fdp_tf.per_example import vanilla_private_gradient
-from fdp_tf.randomness import _Holder, os_entropy_generator, seeded_generator
+from fdp_tf.randomness import (StepRandomness, _Holder, num_replicas, os_entropy_generator, secret_key,
+                               seeded_generator)
 from fdp_tf.verify import verified_private_gradient
 
 __all__ = [
@@ -112,6 +113,8 @@ class DPOptimizer:
             0, dtype="int64", trainable=False, name="dp_steps", aggregation="only_first_replica"
         )
         self._dp_booking = Booking(self)  # what the ledger reads: never saved, never restored
+        # the JL directions' key under tf.distribute, alike on every replica (untracked)
+        self._dp_directions_key = _Holder(secret_key(self._dp_rng.generator))
         self._dp_pending: tuple[Any, ...] | None = None
 
     # -- configuration -------------------------------------------------------
@@ -317,7 +320,7 @@ class _JLMixin(DPOptimizer):
             noise_multiplier=self.noise_multiplier,
             jl_projections=self.jl_projections,
             expected_batch_size=self.expected_batch_size,
-            rng=self.rng,
+            rng=StepRandomness(self.rng, shared=(self._dp_directions_key.generator, self._dp_booking.counter)),
             jvp_method=method or self.resolve_jvp_method(model),
         )
 
@@ -350,7 +353,8 @@ class _VanillaMixin(DPOptimizer):
         gradients, then one reweighted backward pass, with no per-example gradient of
         the whole model in memory. Otherwise ``"vectorized"`` (pfor) unless the model
         has a looped RNN (then ``"loop"``, because vectorising a ``tf.while_loop``
-        traces for tens of seconds).
+        traces for tens of seconds, and under ``tf.distribute`` with several replicas,
+        where a crash of pfor on the first step could not be retried).
         """
         method = self.dp_config.per_example_method
         if method != "auto":
@@ -358,6 +362,10 @@ class _VanillaMixin(DPOptimizer):
         if model is not None and layerwise_unsupported(model) is None:
             return "layerwise"
         if model is not None and looped_rnn_layers(model):
+            return "loop"
+        if num_replicas() > 1:
+            # pfor may crash inside TensorFlow on a first step (Conv3D with groups), and
+            # under several replicas an aborted collective cannot be retried in-process
             return "loop"
         return "vectorized"
 

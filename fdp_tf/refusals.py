@@ -1,56 +1,152 @@
 """Refusing a private step from inside the graph, before anything is released.
 
 A check that can only be decided on the data (one loss per input row, the row
-independence probe, a non-trainable weight that changed) runs inside the traced step.
-Two things make such a refusal hold:
+independence probe, a non-trainable weight that changed, a finite gradient) runs inside
+the traced step. Three things make such a refusal hold on every path:
 
-* **it gates the release.** A failed ``tf.debugging.Assert`` does not stop stateful ops
-  that do not depend on it (TensorFlow runs a later ``assign`` of an unrelated variable
-  anyway), so the released tensors are made to depend on every check
-  (:func:`gated`): ``apply_gradients`` cannot run before the checks passed.
-* **it says what to do.** Eagerly it is a ``ValueError``; in a graph TensorFlow raises
-  ``tf.errors.InvalidArgumentError`` carrying the same message after :data:`REFUSED`,
-  which ``PrivateModel``'s training function turns back into that ``ValueError``
-  (:func:`as_value_error`). A custom loop inside ``tf.function`` sees the
-  ``InvalidArgumentError``.
+* **the release is gated by value**, not only by control. The released tensors of a
+  refused step are zeros (:func:`gated` selects them with ``tf.where`` on the checks'
+  outcome), so nothing computed from the batch leaves, whatever runs the graph. A
+  ``tf.debugging.Assert`` alone does not do this: XLA (``jit_compile=True``) drops
+  assertions, and a failed one does not stop stateful ops that do not depend on it.
+* **the refusal is recorded.** Inside :func:`recording` every check adds its failures to
+  a :class:`RefusalRecord` (a counter per message, a variable of the optimizer), and
+  :meth:`RefusalRecord.raise_new` raises the first new one on the host as a
+  ``ValueError`` — after every compiled step of ``fit`` and ``train_on_batch``, and
+  whenever the optimizer's booked steps are read (``model.ledger``, ``model.epsilon``).
+* **it says what to do, at once where it can.** A check decided at trace time (a static
+  shape) raises ``ValueError`` while tracing; eagerly every check raises at once; in a
+  graph outside XLA, on one replica, the assertion raises ``tf.errors.InvalidArgumentError`` carrying the
+  message after :data:`REFUSED`, which ``PrivateModel``'s training function turns back
+  into that ``ValueError`` (:func:`as_value_error`). Under ``tf.distribute`` with several
+  replicas there is no assertion (an aborted collective fails every later step of the
+  process): the step completes with zeros and the record raises after it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
+import numpy as np
 import tensorflow as tf
 
-__all__ = ["REFUSED", "as_value_error", "gated", "refuse_unless"]
+from fdp_tf.randomness import num_replicas
+
+__all__ = ["REFUSED", "Check", "RefusalRecord", "as_value_error", "gated", "recording", "refuse_unless"]
 
 #: Starts the message of every run-time refusal (how a graph error is recognised).
 REFUSED = "private step refused: "
 
 
-def refuse_unless(ok: Any, message: str) -> list[Any]:
+@dataclass(frozen=True)
+class Check:
+    """A run-time check in a graph: its outcome and the ops that report a failure."""
+
+    ok: tf.Tensor
+    ops: tuple
+
+
+class RefusalRecord:
+    """How often each refusal message was raised inside graphs of one optimizer.
+
+    A counter per message (up to :attr:`SLOTS` distinct messages; later ones share the
+    last slot, whose message is the latest). Per replica under ``tf.distribute``, summed
+    when read. The host remembers what it has seen, so each refusal is raised once.
+    """
+
+    SLOTS = 16
+
+    def __init__(self) -> None:
+        with tf.init_scope():  # may be created while the first step traces
+            self.counts = tf.Variable(
+                tf.zeros([self.SLOTS], tf.int32), trainable=False, name="fdp_refusals",
+                synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM)
+        self.messages: list[str] = []
+        self._seen = np.zeros([self.SLOTS], np.int64)
+
+    def code(self, message: str) -> int:
+        if message in self.messages:
+            return self.messages.index(message)
+        if len(self.messages) < self.SLOTS:
+            self.messages.append(message)
+        else:
+            self.messages[-1] = message
+        return min(len(self.messages), self.SLOTS) - 1
+
+    def note(self, ok: tf.Tensor, message: str) -> Any:
+        """In a graph: add 1 to ``message``'s counter unless ``ok``."""
+        failed = tf.cast(tf.logical_not(ok), tf.int32)
+        return self.counts.assign_add(tf.one_hot(self.code(message), self.SLOTS, dtype=tf.int32) * failed)
+
+    def raise_new(self) -> None:
+        """Raise ``ValueError`` for a refusal recorded since the last call, if any."""
+        counts = np.asarray(tf.convert_to_tensor(self.counts)).astype(np.int64)
+        new = np.flatnonzero(counts > self._seen)
+        self._seen = counts
+        if new.size:
+            raise ValueError(REFUSED + self.messages[int(new[0])])
+
+
+_ACTIVE: list[RefusalRecord] = []
+
+
+@contextlib.contextmanager
+def recording(record: RefusalRecord) -> Iterator[None]:
+    """Checks made inside (while tracing or eagerly) are noted in ``record``."""
+    _ACTIVE.append(record)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def refuse_unless(ok: Any, message: str) -> list[Check]:
     """Refuse the step unless ``ok`` (a boolean scalar) holds.
 
-    Eagerly: raises ``ValueError(REFUSED + message)`` at once. In a graph: returns the
-    assertion op, which the caller must pass to :func:`gated` (``message`` must not
-    contain ``]``, which ends it in TensorFlow's error text).
+    Raises ``ValueError(REFUSED + message)`` at once when the outcome is known: eagerly,
+    or at trace time for a constant. In a graph: returns the :class:`Check`, which the
+    caller must pass to :func:`gated` (``message`` must not contain ``]``, which ends it
+    in TensorFlow's error text).
     """
     if "]" in message:
         raise ValueError(f"a refusal message must not contain ']': {message!r}")
-    if isinstance(ok, bool) or tf.executing_eagerly():
-        if not bool(ok):
+    known = ok if isinstance(ok, (bool, np.bool_)) else tf.get_static_value(ok)
+    if known is not None or tf.executing_eagerly():
+        if not bool(ok if known is None else known):
             raise ValueError(REFUSED + message)
         return []
-    return [tf.debugging.Assert(ok, [REFUSED + message])]
+    ok = tf.convert_to_tensor(ok)
+    ops = []
+    if num_replicas() == 1 or not _ACTIVE:
+        # raises at once outside XLA; with several replicas a failed assertion would abort
+        # the step's collectives, which then fail for the rest of the process
+        ops.append(tf.debugging.Assert(ok, [REFUSED + message]))
+    if _ACTIVE:
+        # after the assertion: recorded only where it did not raise (XLA drops it)
+        with tf.control_dependencies(ops):
+            ops.append(_ACTIVE[-1].note(ok, message))
+    return [Check(ok, tuple(ops))]
 
 
-def gated(tensors: Sequence[tf.Tensor], checks: Sequence[Any]) -> list[tf.Tensor]:
-    """``tensors``, each made to depend on every op of ``checks`` (no-op when empty)."""
+def gated(tensors: Sequence[Any], checks: Sequence[Check]) -> list[Any]:
+    """``tensors`` if every check passed, else zeros of the same shapes (by value, so
+    no compiler can drop it); each made to depend on the checks' ops."""
     checks = [c for c in checks if c is not None]
     if not checks:
         return list(tensors)
-    with tf.control_dependencies(checks):
-        return [tf.identity(t) for t in tensors]
+    ok = tf.reduce_all(tf.stack([c.ok for c in checks]))
+    with tf.control_dependencies([op for c in checks for op in c.ops]):
+        return [_select(ok, t) for t in tensors]
+
+
+def _select(ok: tf.Tensor, t: Any) -> Any:
+    if isinstance(t, tf.IndexedSlices):
+        return tf.IndexedSlices(_select(ok, t.values), tf.identity(t.indices), t.dense_shape)
+    t = tf.convert_to_tensor(t)
+    return tf.where(ok, t, tf.zeros_like(t))
 
 
 _MESSAGE = re.compile(re.escape(REFUSED) + r"([^\]]*)")

@@ -34,9 +34,11 @@ from fdp_tf.forward import ForwardFn, ForwardPass, PrivateGradient
 from fdp_tf.guards import StateGuard
 from fdp_tf.nonfinite import single_row_check, without_nonfinite_examples
 from fdp_tf.probes import Verdict, method_check, probe, seed_states, signature_fn
-from fdp_tf.refusals import as_value_error, gated, refuse_unless
+from fdp_tf.randomness import num_replicas
+from fdp_tf.refusals import RefusalRecord, as_value_error, gated, recording, refuse_unless
 
-__all__ = ["StepChecks", "engage_fallback", "guarded_train_function", "step_checks", "verified_private_gradient"]
+__all__ = ["StepChecks", "engage_fallback", "guarded_train_function", "raise_recorded_refusals", "step_checks",
+           "verified_private_gradient"]
 
 #: Traces verified separately; a later trace is probed on every step (slow, never unsafe).
 SLOTS = 64
@@ -53,6 +55,15 @@ MIXED = (
     "axis 0, or keras.ops over the batch axis), so no example's contribution is bounded by "
     "the clipping norm. Make every operation act on each example separately (e.g. "
     "LayerNormalization over the feature axes, never axis=0)"
+)
+
+SHARED_RANDOMNESS = (
+    "this model draws random numbers in training (Dropout, or another layer that advances a "
+    "Keras SeedGenerator), and under a tf.distribute strategy with several replicas Keras draws "
+    "the same numbers on every replica (the seed state is mirrored): examples at the same "
+    "position of different replicas share their dropout masks, and removing one example "
+    "moves others to other positions, so no example's contribution is bounded by the "
+    "clipping norm. Train it on one replica, or remove the random layers"
 )
 
 
@@ -81,6 +92,7 @@ class StepChecks:
         with tf.init_scope():  # may be created while the first step traces
             self.verified = tf.Variable(tf.zeros([SLOTS]), name="fdp_verified_traces", **kw)
             self.failed = tf.Variable(0.0, name="fdp_method_failed", **kw)
+        self.record = RefusalRecord()
         self.traces = 0
         self.used: set[int] = set()
 
@@ -106,6 +118,21 @@ class StepChecks:
     def mark_failed(self, failed: tf.Tensor) -> Any:
         return _when(failed, lambda: self.failed.assign(1.0))
 
+
+
+def raise_recorded_refusals(optimizer: Any) -> None:
+    """Raise (once) a refusal that a graph recorded but could not raise (under XLA)."""
+    checks = getattr(optimizer, "_dp_step_checks", None)
+    if checks is not None:
+        checks.record.raise_new()
+
+
+def _forget_recorded_refusals(optimizer: Any) -> None:
+    """The refusal just raised by an assertion: do not raise it again."""
+    try:
+        raise_recorded_refusals(optimizer)
+    except ValueError:
+        pass
 
 
 def step_checks(optimizer: Any) -> StepChecks:
@@ -159,6 +186,7 @@ def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callab
     def train_function(iterator: Any) -> Any:
         try:
             logs = function(iterator)
+            raise_recorded_refusals(model.optimizer)  # the refusals XLA could not raise
         except StopIteration:
             if owed[0] and last[0] is not None:
                 owed[0] -= 1
@@ -167,6 +195,7 @@ def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callab
         except tf.errors.OpError as err:
             refusal = as_value_error(err)
             if refusal is not None:
+                _forget_recorded_refusals(model.optimizer)
                 raise refusal from err
             if XLA_FAILED in str(err):  # nothing ran: the step did not compile
                 raise ValueError(
@@ -176,6 +205,14 @@ def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callab
             abandoned = engage_fallback(model.optimizer, model.base_model)
             if abandoned is None:
                 raise
+            if model.distribute_strategy.num_replicas_in_sync > 1:
+                # an aborted collective poisons every later one of this process
+                raise ValueError(
+                    f"the per-example method {abandoned!r} crashed on this model's first step "
+                    f"({type(err).__name__}) under a tf.distribute strategy with several "
+                    "replicas, where the step cannot be retried; nothing was released. Choose "
+                    "the method that works for this model explicitly (per_example_method='loop' "
+                    "or jvp_method='double_vjp') in a new process") from err
             if inspect.isgenerator(iterator):  # train_on_batch: its one batch is spent
                 raise ValueError(
                     f"the per-example method {abandoned!r} crashed on this model's first step "
@@ -187,9 +224,11 @@ def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callab
                 "with its fallback, used from now on", RuntimeWarning, stacklevel=2)
             try:
                 logs = function(iterator)
+                raise_recorded_refusals(model.optimizer)
             except tf.errors.OpError as again:
                 refusal = as_value_error(again)
                 if refusal is not None:
+                    _forget_recorded_refusals(model.optimizer)
                     raise refusal from again
                 raise
             owed[0] += 1
@@ -222,7 +261,16 @@ def verified_private_gradient(
 ) -> PrivateGradient:
     """One private step of ``optimizer`` with every run-time check (module docstring)."""
     checks = step_checks(optimizer)
+    with recording(checks.record):  # what XLA's dropped assertions do not raise is raised on the host
+        return _verified(checks, optimizer, forward_fn, variables, model, forward_on_rows, forward_on_indices)
+
+
+def _verified(checks: StepChecks, optimizer: Any, forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
+              forward_on_rows: Callable[[tf.Tensor], ForwardPass] | None,
+              forward_on_indices: Callable[[tf.Tensor], ForwardPass] | None) -> PrivateGradient:
     guard = StateGuard(model)  # before anything of the step runs
+    # several replicas draw the same Keras random numbers: a step that draws any is refused
+    seeds = StateGuard(None, seed_states(model), SHARED_RANDOMNESS) if num_replicas() > 1 else None
     kind, primary, fallback = methods(optimizer, model)
     failed_before = tf.convert_to_tensor(checks.failed) > 0.5
     if forward_on_indices is None:
@@ -275,6 +323,7 @@ def verified_private_gradient(
         alone = single_row_check(forward_on_rows, variables, rows) if kind == "exact" else None
         result = without_nonfinite_examples(result, lambda keep: run(lambda: forward_on_rows(keep), again)(), alone)
     refusals = (guard.check()  # first: it restores what the step (and the probe) changed
+                + (seeds.check() if seeds is not None else [])
                 + refuse_unless(verdict.deterministic, NONDETERMINISTIC)
                 + refuse_unless(verdict.independent, MIXED)
                 + refuse_unless(verdict.method_ok, _method_message(kind, primary, fallback)))

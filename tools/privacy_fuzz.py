@@ -79,6 +79,18 @@ def two_replicas() -> bool:
     return len(tf.config.list_logical_devices("CPU")) >= 2
 
 
+_STRATEGY: list[tf.distribute.Strategy] = []
+
+
+def mirrored() -> tf.distribute.Strategy:
+    """One MirroredStrategy for the whole process: a second one reuses the first one's
+    collective instance keys, and TensorFlow then matches an all-reduce of one model
+    with another's (a shape mismatch that is the fuzzer's doing, not fdp_tf's)."""
+    if not _STRATEGY:
+        _STRATEGY.append(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+    return _STRATEGY[0]
+
+
 # ------------------------------------------------------------------ the paths
 
 
@@ -138,7 +150,7 @@ def one_step(case: Case, rows: np.ndarray, sigma: float, batch: int, seed: int) 
     """The weight change of one private step on ``rows`` of the case's data, by its path."""
     path = case.path if case.path != "distributed" or two_replicas() else "fit"
     keras.backend.clear_session()
-    scope = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope() if path == "distributed"
+    scope = (mirrored().scope() if path == "distributed"
              else tf.distribute.get_strategy().scope())
     with scope:
         wrapper = OwnStep if path == "custom_train_step" else fdp_tf.PrivateModel

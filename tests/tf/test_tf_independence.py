@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 import fdp_tf
-from tf_helpers import CE, dense_data, flat, loop_per_example_gradients
+from tf_helpers import CE, OutlierMean, dense_data, flat, loop_per_example_gradients
 
 L = keras.layers
 C = 0.1
@@ -202,25 +202,12 @@ def test_a_loss_over_the_batch_axis_is_refused(loss: str, method: str) -> None:
 # -- row 8: a non-trainable weight updated at a later step ---------------------------
 
 
-class _OutlierMean(keras.layers.Layer):
-    """Records the batch mean in a non-trainable weight, only for a batch with an outlier."""
-
-    def build(self, shape):
-        self.mean = self.add_weight(shape=(shape[-1],), initializer="zeros", trainable=False)
-
-    def call(self, x, training=None):
-        if training:
-            outlier = keras.ops.max(keras.ops.abs(x)) > 10.0
-            self.mean.assign(keras.ops.where(outlier, keras.ops.mean(x, axis=0), self.mean))
-        return x
-
-
 def test_a_non_trainable_weight_changed_at_the_third_step_is_refused_there() -> None:
     """The guard looked at the first step only: the raw batch mean of the third batch was
     released. Now that step is refused before its gradient is applied, the weight restored."""
     x, y = dense_data(n=32)
     x[20] = 50.0  # in the third batch of 8
-    inner = keras.Sequential([keras.Input((5,)), _OutlierMean(), L.Dense(3)])
+    inner = keras.Sequential([keras.Input((5,)), OutlierMean(), L.Dense(3)])
     model = fdp_tf.make_private(inner, optimizer=_sgd("exact"), loss=CE)
     seen = []
     record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(flat(inner.trainable_variables)))
@@ -237,7 +224,7 @@ def test_the_state_guard_holds_in_a_custom_loop() -> None:
     """In-graph: the refused step raises inside tf.function and its gradient is not applied."""
     x, y = dense_data(n=8)
     x[3] = 50.0
-    inner = keras.Sequential([keras.Input((5,)), _OutlierMean(), L.Dense(3)])
+    inner = keras.Sequential([keras.Input((5,)), OutlierMean(), L.Dense(3)])
     optimizer = _sgd("exact")
     optimizer.expected_batch_size = 8
     before = flat(inner.trainable_variables)

@@ -1,0 +1,98 @@
+"""Every run-time refusal holds under XLA (the fuzzer's jit_compile finding).
+
+XLA drops ``tf.debugging.Assert``: with ``jit_compile=True`` a model whose layers mix
+the rows of a batch trained silently, one example moving the update by 1.09 C (Conv1D +
+UnitNormalization over the batch axis, fuzz seed 1006) and 0.83 C (a user's layer). The
+class: a refusal that relies on an assertion op. Now a refused step releases zeros by
+value and the refusal is raised on the host after the compiled step. The same refusals
+without XLA are tested in test_tf_independence.py; here on ``fit``, ``train_on_batch``
+and a custom loop in ``tf.function(jit_compile=True)``; each test failed before (trained).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("tensorflow", minversion="2.16")
+pytest.importorskip("keras", minversion="3.0")
+
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import fdp_tf
+from tf_helpers import CE, OutlierMean, dense_data, flat
+
+L = keras.layers
+MIXED = "mixes the rows of the batch"
+STATE = "non-trainable weights"
+
+
+def _model(kind: str) -> keras.Model:
+    if kind == "mixing":
+        return keras.Sequential([keras.Input((5,)), L.Dense(4, activation="tanh"), L.UnitNormalization(axis=0),
+                                 L.Dense(3)])
+    return keras.Sequential([keras.Input((5,)), OutlierMean(), L.Dense(4, activation="tanh"), L.Dense(3)])
+
+
+def _data(kind: str):
+    x, y = dense_data(n=8)
+    if kind == "state":
+        x[3] = 50.0
+    return x, y
+
+
+def _private(kind: str, jit: bool) -> fdp_tf.PrivateModel:
+    optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=0.1, noise_multiplier=1.0, expected_batch_size=8,
+                                    learning_rate=1.0)
+    return fdp_tf.make_private(_model(kind), optimizer=optimizer, loss=CE, jit_compile=jit)
+
+
+def _assert_nothing_released(model: fdp_tf.PrivateModel, before: np.ndarray) -> None:
+    np.testing.assert_array_equal(flat(model.trainable_variables), before)
+    for v in model.non_trainable_weights:
+        if "seed_generator" not in v.path and "dp_ledger" not in v.path:
+            np.testing.assert_array_equal(v.numpy(), 0.0)
+
+
+@pytest.mark.parametrize("kind", ["mixing", "state"])
+@pytest.mark.parametrize("path", ["fit", "train_on_batch"])
+def test_a_refusal_holds_under_xla(kind: str, path: str) -> None:
+    x, y = _data(kind)
+    model = _private(kind, jit=True)
+    before = flat(model.trainable_variables)
+    with warnings.catch_warnings(), pytest.raises(ValueError, match=MIXED if kind == "mixing" else STATE):
+        warnings.simplefilter("ignore", fdp_tf.SamplingWarning)
+        if path == "fit":
+            model.fit(tf.data.Dataset.from_tensors((x, y)), epochs=1, verbose=0,
+                      sampling=fdp_tf.PoissonSampling(num_examples=80, expected_batch_size=8))
+        else:
+            model.train_on_batch(x, y)
+    _assert_nothing_released(model, before)
+
+
+@pytest.mark.parametrize("kind", ["mixing", "state"])
+def test_a_custom_xla_loop_releases_zeros_and_the_ledger_raises(kind: str) -> None:
+    """Inside tf.function(jit_compile=True) nothing can raise: the refused step's gradient
+    is zeros, and the first read of the booked steps raises the refusal (once)."""
+    x, y = _data(kind)
+    model = _private(kind, jit=False)
+    model.open_segment(fdp_tf.PoissonSampling(num_examples=80, expected_batch_size=8))
+    before = flat(model.trainable_variables)
+
+    @tf.function(jit_compile=True)
+    def step(x, y):
+        result = model.private_gradients(x, y)
+        model.optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
+        return result.gradients
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fdp_tf.SamplingWarning)
+        grads = step(tf.constant(x), tf.constant(y))
+    assert all(np.all(np.asarray(g) == 0.0) for g in grads)
+    _assert_nothing_released(model, before)
+    with pytest.raises(ValueError, match=MIXED if kind == "mixing" else STATE):
+        model.ledger
+    assert model.ledger.steps == 1  # raised once; the refused step stays booked
