@@ -131,8 +131,8 @@ class StepRandomness:
         """A standard normal tensor, independent of every other draw of the step.
 
         The JL directions (``DIRECTIONS_STREAM``) are the same on every replica under
-        ``tf.distribute`` when ``shared`` was given (a DP optimizer gives it): every example of the global batch is projected on the same
-        directions, as on one device. Directions per replica would tie an example's
+        ``tf.distribute`` when ``shared`` was given (a DP optimizer gives it): every
+        example of the global batch is projected on the same directions, as on one device. Directions per replica would tie an example's
         clipping factor to the replica its position puts it on, and removing one example
         moves others across replicas, changing their clipped terms (the fuzzer measured
         0.28 C). The noise and other streams stay independent across replicas.
