@@ -16,8 +16,8 @@ the traced step. Three things make such a refusal hold on every path:
   whenever the optimizer's booked steps are read (``model.ledger``, ``model.epsilon``).
 * **it says what to do, at once where it can.** A check decided at trace time (a static
   shape) raises ``ValueError`` while tracing; eagerly every check raises at once; in a
-  graph outside XLA, on one replica, the assertion raises ``tf.errors.InvalidArgumentError`` carrying the
-  message after :data:`REFUSED`, which ``PrivateModel``'s training function turns back
+  graph outside XLA, on one replica, the assertion raises
+  ``tf.errors.InvalidArgumentError`` carrying the message after :data:`REFUSED`, which ``PrivateModel``'s training function turns back
   into that ``ValueError`` (:func:`as_value_error`). Under ``tf.distribute`` with several
   replicas there is no assertion (an aborted collective fails every later step of the
   process): the step completes with zeros and the record raises after it.
