@@ -146,36 +146,72 @@ def _state(model: keras.Model) -> list[np.ndarray]:
     return [np.array(v.numpy()) for v in model.non_trainable_variables if "seed_generator" not in v.path]
 
 
-def one_step(case: Case, rows: np.ndarray, sigma: float, batch: int, seed: int) -> np.ndarray:
-    """The weight change of one private step on ``rows`` of the case's data, by its path."""
-    path = case.path if case.path != "distributed" or two_replicas() else "fit"
-    keras.backend.clear_session()
-    scope = (mirrored().scope() if path == "distributed"
-             else tf.distribute.get_strategy().scope())
-    with scope:
-        wrapper = OwnStep if path == "custom_train_step" else fdp_tf.PrivateModel
-        model = wrapper(case.build())
-        model.compile(optimizer=_optimizer(case.optimizer, sigma, batch, seed), loss=LOSS,
-                      jit_compile=path == "fit_jit")
-    x, y = case.x[rows], case.y[rows]
-    before = [np.array(v.numpy()) for v in model.trainable_variables]
-    state = _state(model.base_model)
-    sampling = fdp_tf.PoissonSampling(num_examples=len(case.x), expected_batch_size=batch)
-    if path in ("fit", "fit_jit", "custom_train_step", "distributed"):
-        # repeated: a first step whose method crashed (pfor, Conv3D groups) trains the next
-        data = tf.data.Dataset.from_tensors((x, y)).repeat()
-        model.fit(data, epochs=1, steps_per_epoch=1, verbose=0, sampling=sampling)
-    elif path == "custom_loop":
-        model.open_segment(sampling)
-        result = model.private_gradients(tf.constant(x), tf.constant(y))
-        model.optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
-    else:
-        model.open_segment(sampling)
-        model.train_on_batch(x, y)
-    for a, b in zip(state, _state(model.base_model)):
-        if not np.array_equal(a, b):
-            raise AssertionError("a non-trainable weight changed in a private step that was not refused")
-    return np.concatenate([(np.array(v.numpy()) - b).ravel() for v, b in zip(model.trainable_variables, before)])
+class StepRunner:
+    """One compiled model for the steps of a check: ``step(rows)`` resets the weights, the
+    optimizer's variables and its seeded generator to one start and runs one private step
+    on ``rows`` by the case's path, so every removal reuses the first step's trace (a
+    fresh model per removal retraced a recurrent model for minutes). The reset includes
+    the generator's state and, for two replicas (whose JL directions are keyed by the
+    count of released steps), that count: a replay of the same step, which only a test
+    harness may do (a user's odometer never goes back)."""
+
+    def __init__(self, case: Case, sigma: float, batch: int, seed: int) -> None:
+        self.case, self.sigma, self.batch, self.seed = case, sigma, batch, seed
+        self.path = case.path if case.path != "distributed" or two_replicas() else "fit"
+        self.model: keras.Model | None = None
+
+    def _build(self) -> keras.Model:
+        keras.backend.clear_session()
+        scope = (mirrored().scope() if self.path == "distributed"
+                 else tf.distribute.get_strategy().scope())
+        with scope:
+            wrapper = OwnStep if self.path == "custom_train_step" else fdp_tf.PrivateModel
+            model = wrapper(self.case.build())
+            model.compile(optimizer=_optimizer(self.case.optimizer, self.sigma, self.batch, self.seed),
+                          loss=LOSS, jit_compile=self.path == "fit_jit")
+            model.optimizer.build(model.trainable_variables)
+        self.start = [np.array(v.numpy()) for v in self._variables(model)]
+        return model
+
+    @staticmethod
+    def _variables(model: keras.Model) -> list[Any]:
+        # the generator's state too (its key for the JL directions was drawn at construction)
+        optimizer = model.optimizer
+        return [*model.variables, *optimizer.variables, optimizer.rng.state, optimizer._dp_booking.counter]
+
+    def _reset(self) -> keras.Model:
+        if self.model is None:
+            self.model = self._build()
+            return self.model
+        model = self.model
+        for v, value in zip(self._variables(model), self.start):
+            v.assign(value)
+        return model
+
+    def step(self, rows: np.ndarray) -> np.ndarray:
+        """The weight change of one private step on ``rows`` of the case's data."""
+        model, case = self._reset(), self.case
+        x, y = case.x[rows], case.y[rows]
+        before = [np.array(v.numpy()) for v in model.trainable_variables]
+        state = _state(model.base_model)
+        sampling = fdp_tf.PoissonSampling(num_examples=len(case.x), expected_batch_size=self.batch)
+        if self.path in ("fit", "fit_jit", "custom_train_step", "distributed"):
+            # repeated: a first step whose method crashed (pfor, Conv3D groups) trains the next;
+            # batched from slices: the batch size is dynamic (as poisson_batches gives), one trace
+            data = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(rows)).repeat()
+            model.fit(data, epochs=1, steps_per_epoch=1, verbose=0, sampling=sampling)
+        elif self.path == "custom_loop":
+            model.open_segment(sampling)
+            result = model.private_gradients(tf.constant(x), tf.constant(y))
+            model.optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
+        else:
+            model.open_segment(sampling)
+            model.train_on_batch(x, y)
+        for a, b in zip(state, _state(model.base_model)):
+            if not np.array_equal(a, b):
+                raise AssertionError("a non-trainable weight changed in a private step that was not refused")
+        return np.concatenate([(np.array(v.numpy()) - b).ravel()
+                               for v, b in zip(model.trainable_variables, before)])
 
 
 @dataclass
@@ -198,18 +234,21 @@ def check_case(case: Case) -> Outcome:
     n = len(case.x)
     every = np.arange(n)
     try:
-        full = one_step(case, every, 0.0, n, seed=11)
-        worst, note = 0.0, ""
         # with dropout only the last row: the others keep their masks (a prefix of the draw)
-        for i in ([n - 1] if case.dropout else range(n)):
-            term = -n * (full - one_step(case, np.delete(every, i), 0.0, n, seed=11))  # lr 1: w -= g
-            error, what = removal_error(case, term, own_gradient(case, i))
+        removed = [n - 1] if case.dropout else list(range(n))
+        own = {i: own_gradient(case, i) for i in removed}  # first: it clears Keras's session
+        runner = StepRunner(case, 0.0, n, seed=11)
+        full = runner.step(every)
+        worst, note = 0.0, ""
+        for i in removed:
+            term = -n * (full - runner.step(np.delete(every, i)))  # lr 1: w -= g
+            error, what = removal_error(case, term, own[i])
             if error > worst:
                 worst, note = error, what
         if not worst <= 1e-4:
             return Outcome(case, "step", "VIOLATION", f"removing one example moves B g by {worst:.4f} C more "
                                                       f"than its own clipped term ({note})")
-        noise = one_step(case, every, 1.0, n, seed=11) - full
+        noise = StepRunner(case, 1.0, n, seed=11).step(every) - full
         statistic = float(np.sum(noise**2) / (CLIP / n) ** 2)
         low, high = stats.chi2.ppf([1e-6, 1 - 1e-6], df=noise.size)
         if not low <= statistic <= high:

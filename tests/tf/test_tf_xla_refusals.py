@@ -96,3 +96,27 @@ def test_a_custom_xla_loop_releases_zeros_and_the_ledger_raises(kind: str) -> No
     with pytest.raises(ValueError, match=MIXED if kind == "mixing" else STATE):
         model.ledger
     assert model.ledger.steps == 1  # raised once; the refused step stays booked
+
+
+def _recurrent_jl(jit: bool) -> fdp_tf.PrivateModel:
+    inputs = keras.Input((5,), dtype="int32")
+    h = L.Bidirectional(L.LSTM(4))(L.Embedding(12, 4, mask_zero=True)(inputs))
+    optimizer = fdp_tf.DPSGDJL(l2_norm_clip=0.1, noise_multiplier=1.0, jl_projections=3, expected_batch_size=8)
+    return fdp_tf.make_private(keras.Model(inputs, L.Dense(3)(h)), optimizer=optimizer, loss=CE, jit_compile=jit)
+
+
+@pytest.mark.parametrize("set_after_compile", [False, True])
+def test_jl_through_a_recurrent_loop_under_xla_is_refused_before_anything_compiles(set_after_compile: bool) -> None:
+    """XLA crashed the whole process in some runs (fuzz seed 5: a failed shape check or a
+    segfault compiling the double vjp through a masked Bidirectional LSTM on a dynamic
+    batch). Nothing is traced: the refusal comes from make_train_function, also when
+    ``jit_compile`` is set after compile."""
+    model = _recurrent_jl(jit=not set_after_compile)
+    if set_after_compile:
+        model.jit_compile = True
+    x = np.random.default_rng(0).integers(1, 12, size=(8, 5)).astype("int32")
+    y = np.arange(8) % 3
+    with pytest.raises(ValueError, match="jit_compile=False") as info:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert "lstm" in str(info.value)  # names the layer
+    assert int(model.optimizer.dp_steps.numpy()) == 0
