@@ -15,10 +15,10 @@ that also releases data another way breaks the guarantee:
   bypasses the private clipping and noise; float16 / bfloat16 layers: per-example
   norms overflow at 65504 (float16) or lose all but 8 bits, so the clipping is not C;
 * a model with several outputs: one per-example loss of one output is what is clipped;
-* XLA (``jit_compile=True``) for the JL optimizers through a looped recurrent layer:
-  TensorFlow 2.21's XLA compiler intermittently crashes the whole process (a failed
-  shape check or a segmentation fault) compiling the double vjp through
-  ``tf.while_loop`` on a batch of dynamic size, as Poisson batches are.
+* XLA (``jit_compile=True``) for a private step through a looped recurrent layer:
+  TensorFlow 2.21's XLA compiler crashes the whole process in some runs (a failed shape
+  check or a segmentation fault) compiling it on a batch of dynamic size, as Poisson
+  batches are.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = [
     "ReportFallbacks",
     "StateGuard",
     "WatchFirstStep",
-    "refuse_jl_xla_through_loops",
+    "refuse_xla_through_loops",
     "refuse_multiple_outputs",
     "refuse_unsupported_layers",
 ]
@@ -84,23 +84,22 @@ def refuse_unsupported_layers(model: Any) -> None:
             )
 
 
-def refuse_jl_xla_through_loops(model: Any, optimizer: Any, jit_compile: Any) -> None:
-    """Refuse XLA for a JL optimizer whose step runs through a looped recurrent layer.
+def refuse_xla_through_loops(model: Any, optimizer: Any, jit_compile: Any) -> None:
+    """Refuse XLA for a private step that runs through a looped recurrent layer.
 
-    The privacy fuzzer found it: the compiled double vjp through ``tf.while_loop``
-    (masked, bidirectional LSTM; a dynamic batch) aborts the process in some runs and
-    not in others, so no first-step check can vouch for it.
+    The privacy fuzzer found it: compiling the step (the JL double vjp, or exact clipping)
+    through ``tf.while_loop`` on a batch of dynamic size aborts the process in some runs
+    and not in others (a failed shape check in XLA's value inference, or a segmentation
+    fault), so no first-step check can vouch for it.
     """
-    config = getattr(optimizer, "dp_config", None)
-    if jit_compile is not True or config is None or not config.uses_jl:
+    if jit_compile is not True or getattr(optimizer, "dp_config", None) is None:
         return
     loops = looped_rnn_layers(model)
     if loops:
         raise ValueError(
-            f"jit_compile=True with a JL optimizer through the recurrent layer {loops[0].name!r}: "
-            "TensorFlow's XLA compiler crashes the process in some runs on this step (the double "
-            "vjp through its while loop). Compile with jit_compile=False, or use an exact-clipping "
-            "optimizer (fdp_tf.DPSGDVanilla / DPAdamVanilla) if you need XLA"
+            f"jit_compile=True with a DP optimizer through the recurrent layer {loops[0].name!r}: "
+            "TensorFlow's XLA compiler crashes the process in some runs on this private step (its "
+            "while loop on batches of varying size). Compile with jit_compile=False"
         )
 
 

@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from fdp_tf.forward import ForwardPass, PrivateGradient
-from fdp_tf.guards import refuse_jl_xla_through_loops, refuse_multiple_outputs, refuse_unsupported_layers
+from fdp_tf.guards import refuse_xla_through_loops, refuse_multiple_outputs, refuse_unsupported_layers
 from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, empty_table
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
 from fdp_tf.model_fit import LedgerFit
@@ -269,10 +269,10 @@ class PrivateModel(LedgerFit, keras.Model):
         unverified per-example method (:func:`fdp_tf.verify.guarded_train_function`).
 
         Raises:
-          ValueError: for ``jit_compile=True`` with a JL optimizer through a looped
+          ValueError: for ``jit_compile=True`` with a DP optimizer through a looped
             recurrent layer (XLA crashes on it; checked here, since ``jit_compile``
             can be set after ``compile``)."""
-        refuse_jl_xla_through_loops(self.base_model, getattr(self, "optimizer", None), self.jit_compile)
+        refuse_xla_through_loops(self.base_model, getattr(self, "optimizer", None), self.jit_compile)
         super().make_train_function(force)
         if self.train_function is not None and not getattr(self.train_function, "_fdp_guarded", False):
             self.train_function = guarded_train_function(self.train_function, self)

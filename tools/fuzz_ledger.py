@@ -17,11 +17,8 @@ import keras
 
 import fdp
 import fdp_tf
+from fuzz_common import JL_PROJECTIONS, LOSS, OwnStep, make_optimizer
 from fuzz_models import Case
-
-CLIP = 0.1
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-R = 3  # JL directions
 
 
 @dataclass(frozen=True)
@@ -35,7 +32,8 @@ class Phase:
 
     def mechanism(self) -> Any:
         if self.optimizer == "jl":
-            return fdp.JL(noise_multiplier=self.noise_multiplier, jl_projections=R, sampling_rate=self.sampling_rate)
+            return fdp.JL(noise_multiplier=self.noise_multiplier, jl_projections=JL_PROJECTIONS,
+                          sampling_rate=self.sampling_rate)
         return fdp.Gaussian(noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate)
 
 
@@ -77,15 +75,12 @@ def _model(case: Case, sigma: float, batch: int, wrapper: Any = None) -> fdp_tf.
 
 
 def _optimizer(kind: str, sigma: float, batch: int) -> fdp_tf.DPOptimizer:
-    common = dict(l2_norm_clip=CLIP, noise_multiplier=sigma, expected_batch_size=batch, learning_rate=0.1)
-    return fdp_tf.DPSGDJL(jl_projections=R, **common) if kind == "jl" else fdp_tf.DPSGDVanilla(**common)
+    return make_optimizer(kind, sigma, batch, learning_rate=0.1)
 
 
 def run_ledger_path(case: Case, tmp: str, delta: float) -> tuple[list[tuple[str, float, int]], list[Phase]]:
     """Run ``case.ledger_path``; returns ((where, logged epsilon, phases run by then), ...)
     and the phases run."""
-    from privacy_fuzz import OwnStep
-
     keras.backend.clear_session()
     n = len(case.x)
     batch = max(2, n // 2)

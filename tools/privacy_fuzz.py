@@ -69,10 +69,8 @@ from scipy import stats  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fdp  # noqa: E402
 import fdp_tf  # noqa: E402
+from fuzz_common import CLIP, LOSS, OwnStep, make_optimizer  # noqa: E402
 from fuzz_models import STEP_PATHS, Case, random_case  # noqa: E402
-
-CLIP = 0.1
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
 
 def two_replicas() -> bool:
@@ -92,24 +90,6 @@ def mirrored() -> tf.distribute.Strategy:
 
 
 # ------------------------------------------------------------------ the paths
-
-
-def _optimizer(kind: str, sigma: float, batch: int, seed: int | None) -> fdp_tf.DPOptimizer:
-    common = dict(l2_norm_clip=CLIP, noise_multiplier=sigma, expected_batch_size=batch, learning_rate=1.0,
-                  seed=seed)
-    if kind == "jl":
-        return fdp_tf.DPSGDJL(jl_projections=3, **common)
-    return fdp_tf.DPSGDVanilla(**common)
-
-
-class OwnStep(fdp_tf.PrivateModel):
-    """A user's train_step from the documented pieces (not PrivateModel.train_step)."""
-
-    def train_step(self, data: Any) -> dict[str, Any]:
-        x, y = data
-        result = self.private_gradients(x, y)
-        self.optimizer.apply_gradients(zip(result.gradients, self.trainable_variables))
-        return {"loss": tf.reduce_mean(result.forward.per_example_losses)}
 
 
 def _flat(grads: Any, variables: Any) -> np.ndarray:
@@ -167,7 +147,7 @@ class StepRunner:
         with scope:
             wrapper = OwnStep if self.path == "custom_train_step" else fdp_tf.PrivateModel
             model = wrapper(self.case.build())
-            model.compile(optimizer=_optimizer(self.case.optimizer, self.sigma, self.batch, self.seed),
+            model.compile(optimizer=make_optimizer(self.case.optimizer, self.sigma, self.batch, 1.0, self.seed),
                           loss=LOSS, jit_compile=self.path == "fit_jit")
             model.optimizer.build(model.trainable_variables)
         self.start = [np.array(v.numpy()) for v in self._variables(model)]

@@ -98,20 +98,23 @@ def test_a_custom_xla_loop_releases_zeros_and_the_ledger_raises(kind: str) -> No
     assert model.ledger.steps == 1  # raised once; the refused step stays booked
 
 
-def _recurrent_jl(jit: bool) -> fdp_tf.PrivateModel:
+def _recurrent(jit: bool, kind: str) -> fdp_tf.PrivateModel:
     inputs = keras.Input((5,), dtype="int32")
     h = L.Bidirectional(L.LSTM(4))(L.Embedding(12, 4, mask_zero=True)(inputs))
-    optimizer = fdp_tf.DPSGDJL(l2_norm_clip=0.1, noise_multiplier=1.0, jl_projections=3, expected_batch_size=8)
+    common = dict(l2_norm_clip=0.1, noise_multiplier=1.0, expected_batch_size=8)
+    optimizer = fdp_tf.DPSGDJL(jl_projections=3, **common) if kind == "jl" else fdp_tf.DPSGDVanilla(**common)
     return fdp_tf.make_private(keras.Model(inputs, L.Dense(3)(h)), optimizer=optimizer, loss=CE, jit_compile=jit)
 
 
-@pytest.mark.parametrize("set_after_compile", [False, True])
-def test_jl_through_a_recurrent_loop_under_xla_is_refused_before_anything_compiles(set_after_compile: bool) -> None:
-    """XLA crashed the whole process in some runs (fuzz seed 5: a failed shape check or a
-    segfault compiling the double vjp through a masked Bidirectional LSTM on a dynamic
-    batch). Nothing is traced: the refusal comes from make_train_function, also when
+@pytest.mark.parametrize("kind,set_after_compile", [("jl", False), ("jl", True), ("exact", False)])
+def test_a_private_step_through_a_recurrent_loop_under_xla_is_refused_before_anything_compiles(
+        kind: str, set_after_compile: bool) -> None:
+    """XLA crashed the whole process in some runs (fuzz seed 5, JL: a failed shape check
+    or a segfault compiling the double vjp through a masked Bidirectional LSTM on a
+    dynamic batch; seed 2792654124, exact clipping: the same check failing in a where
+    op). Nothing is traced: the refusal comes from make_train_function, also when
     ``jit_compile`` is set after compile."""
-    model = _recurrent_jl(jit=not set_after_compile)
+    model = _recurrent(jit=not set_after_compile, kind=kind)
     if set_after_compile:
         model.jit_compile = True
     x = np.random.default_rng(0).integers(1, 12, size=(8, 5)).astype("int32")

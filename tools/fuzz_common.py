@@ -1,0 +1,39 @@
+"""What the privacy fuzzer's checks share: the clip norm, the loss, the DP optimizers
+they train with, and a user's own ``train_step`` built from fdp_tf's documented pieces.
+
+Kept apart from ``privacy_fuzz`` (the step checks) and ``fuzz_ledger`` (the accounting
+paths) so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+import fdp_tf
+
+CLIP = 0.1
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+JL_PROJECTIONS = 3
+
+
+def make_optimizer(kind: str, sigma: float, batch: int, learning_rate: float,
+                   seed: int | None = None) -> fdp_tf.DPOptimizer:
+    """DP-SGD-JL (``kind="jl"``) or exact DP-SGD at the fuzzer's clip norm."""
+    common = dict(l2_norm_clip=CLIP, noise_multiplier=sigma, expected_batch_size=batch,
+                  learning_rate=learning_rate, seed=seed)
+    if kind == "jl":
+        return fdp_tf.DPSGDJL(jl_projections=JL_PROJECTIONS, **common)
+    return fdp_tf.DPSGDVanilla(**common)
+
+
+class OwnStep(fdp_tf.PrivateModel):
+    """A user's train_step from the documented pieces (not PrivateModel.train_step)."""
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        x, y = data
+        result = self.private_gradients(x, y)
+        self.optimizer.apply_gradients(zip(result.gradients, self.trainable_variables))
+        return {"loss": tf.reduce_mean(result.forward.per_example_losses)}
