@@ -98,6 +98,27 @@ def test_a_custom_xla_loop_releases_zeros_and_the_ledger_raises(kind: str) -> No
     assert model.ledger.steps == 1  # raised once; the refused step stays booked
 
 
+def test_saving_after_a_refused_custom_xla_step_raises_the_refusal(tmp_path) -> None:
+    """model.save writes the ledger, so it reads the refusal count: the refusal nobody
+    has seen is raised there (the weights it saves are those before the zero update)."""
+    x, y = _data("state")
+    model = _private("state", jit=False)
+    model.open_segment(fdp_tf.PoissonSampling(num_examples=80, expected_batch_size=8))
+
+    @tf.function(jit_compile=True)
+    def step(x, y):
+        result = model.private_gradients(x, y)
+        model.optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fdp_tf.SamplingWarning)
+        step(tf.constant(x), tf.constant(y))
+    file = tmp_path / "refused.keras"
+    with pytest.raises(ValueError, match=STATE):
+        model.save(file)
+    assert model.ledger.steps == 1  # raised once
+
+
 def _recurrent(jit: bool, kind: str) -> fdp_tf.PrivateModel:
     inputs = keras.Input((5,), dtype="int32")
     h = L.Bidirectional(L.LSTM(4))(L.Embedding(12, 4, mask_zero=True)(inputs))
