@@ -46,10 +46,12 @@ VARIANTS = ("non-DP", "JL r=1", "JL r=1, checks off", "JL r=1, probe", "exact", 
 @contextlib.contextmanager
 def without_checks() -> Iterator[None]:
     """Switch off every run-time check: the verified step (probe, state guard, method
-    fallback, non-finite rerun), the one-loss-per-row check and the coverage check."""
+    fallback, non-finite rerun), the one-loss-per-row check, the coverage check and the
+    host's read of the refusal counter after each step."""
     import fdp_tf.model
     import fdp_tf.optimizers
     import fdp_tf.per_example
+    import fdp_tf.verify
 
     checked = fdp_tf.per_example.layerwise_norms
 
@@ -60,14 +62,17 @@ def without_checks() -> Iterator[None]:
         return optimizer._private_gradient(forward_fn, list(variables), model)
 
     saved = fdp_tf.optimizers.verified_private_gradient, fdp_tf.model.one_loss_per_row
+    read = fdp_tf.verify.raise_recorded_refusals
     fdp_tf.optimizers.verified_private_gradient = bare
     fdp_tf.model.one_loss_per_row = lambda losses, inputs: losses
     fdp_tf.per_example.layerwise_norms = unchecked
+    fdp_tf.verify.raise_recorded_refusals = lambda optimizer: None
     try:
         yield
     finally:
         fdp_tf.optimizers.verified_private_gradient, fdp_tf.model.one_loss_per_row = saved
         fdp_tf.per_example.layerwise_norms = checked
+        fdp_tf.verify.raise_recorded_refusals = read
 
 
 def _frozen_model() -> Any:
