@@ -295,7 +295,13 @@ class PLDAccountant:
 
     def composed_pld(self, direction: Direction | str = "remove", *, pessimistic: bool = True,
                      tail_mass: float = 1e-15) -> DiscretePLD:
-        """The composed discrete PLD of one direction (upper or lower bound)."""
+        """The composed discrete PLD of one direction (upper or lower bound).
+
+        ``tail_mass``: the probability mass the discretisation may cut from each
+        mechanism's loss tails (charged on the safe side of the bound), in (0, 1).
+        """
+        tail_mass = check_real("tail_mass", tail_mass, low=0.0, high=1.0, low_inclusive=False,
+                               high_inclusive=False)
         self._start_query(optimistic=not pessimistic)
         return self._side(Direction(direction), bool(pessimistic), tail_mass)
 

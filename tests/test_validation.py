@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import fdp
 from fdp._validation import (
     check_array,
     check_delta,
@@ -227,3 +228,12 @@ def test_from_json_says_what_is_wrong_with_a_document(text, expected):
 
     msg = _message(fdp.PLDAccountant.from_json, text)
     assert msg.startswith(expected), msg
+
+
+@pytest.mark.parametrize("tail_mass", [0.0, -1.0, 1.0, 2.0, NAN, INF])
+def test_composed_pld_names_a_tail_mass_out_of_range(tail_mass):
+    """Before: 'math domain error' (0, -1, NaN) or an unrelated 'privacy loss of inf'
+    message (2.0); now the argument, its value and the range."""
+    accountant = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=1.0), steps=2)
+    with pytest.raises(ValueError, match=r"tail_mass must be .*\(0, 1\)"):
+        accountant.composed_pld(tail_mass=tail_mass)
