@@ -226,6 +226,9 @@ def test_a_plot_format_matplotlib_lacks_is_a_flag_error(capsys, tmp_path):
     ([*RISK, "--fpr", ""], "--fpr"),  # exited 0 with an empty table
     ([*RISK, "--fpr", " , "], "--fpr"),
     ([*CURVES, "--jl-projections", ""], "--jl-projections"),
+    ([*RISK, "--fpr", "0.1,,0.2"], "--fpr"),  # an empty item was skipped silently
+    ([*RISK, "--fpr", "0.1,"], "--fpr"),
+    ([*CURVES, "--jl-projections", "1,,4"], "--jl-projections"),
 ])
 def test_an_empty_list_flag_is_refused(capsys, argv, flag):
     with pytest.raises(SystemExit) as info:

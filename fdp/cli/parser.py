@@ -14,24 +14,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _floats(text: str) -> list[float]:
+def _numbers(text: str, kind: type, what: str) -> list:
+    """Comma-separated numbers; an empty item ("0.1,,0.2", "0.1,") is a typo, not a skip."""
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        values = [kind(v) for v in text.split(",")]  # int(" 3 ") and float(" 3 ") strip
     except ValueError:
         values = []
     if not values:  # "" would ask for nothing: an empty table, exit 0
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what} with no empty items; got {text!r}")
     return values
+
+
+def _floats(text: str) -> list[float]:
+    return _numbers(text, float, "numbers")
 
 
 def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers; got {text!r}")
-    return values
+    return _numbers(text, int, "integers")
 
 
 def build_parser() -> _Parser:
