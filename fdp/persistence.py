@@ -8,6 +8,7 @@ with a ValueError saying what is wrong and where, anything else.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,9 @@ def accountant_from_json(cls: Any, text: str, settings: Sequence[str]) -> Any:
         data = json.loads(text)
     except (TypeError, ValueError) as err:  # not a str, or not JSON (JSONDecodeError)
         raise ValueError(f"text must be a JSON document (str); {err}") from None
+    except RecursionError:  # brackets nested thousands deep: no accountant writes that
+        raise ValueError("text must be a JSON document nested less deeply than Python's "
+                         f"recursion limit ({sys.getrecursionlimit()}); an fdp document is a few levels deep") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = f"format={data.get('format')!r}" if isinstance(data, dict) else format_value(data)
         raise ValueError(f'not an fdp.PLDAccountant JSON document (an object with "format": '
@@ -53,4 +57,6 @@ def accountant_from_json(cls: Any, text: str, settings: Sequence[str]) -> Any:
             acc.compose(mechanism_from_dict(ev["mechanism"]), steps=ev["steps"])
         except ValueError as err:
             raise ValueError(f"events[{i}]: {err}") from None
+        except RecursionError:
+            raise ValueError(f"events[{i}]: the mechanism is nested too deeply") from None
     return acc

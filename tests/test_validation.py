@@ -237,3 +237,11 @@ def test_composed_pld_names_a_tail_mass_out_of_range(tail_mass):
     accountant = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=1.0), steps=2)
     with pytest.raises(ValueError, match=r"tail_mass must be .*\(0, 1\)"):
         accountant.composed_pld(tail_mass=tail_mass)
+
+
+@pytest.mark.parametrize("wrap", [lambda deep: deep,
+                                  lambda deep: '{"format": "fdp.PLDAccountant/1", "events": %s}' % deep])
+def test_from_json_of_brackets_nested_too_deep_is_a_value_error(wrap):
+    """Was a RecursionError from the JSON decoder."""
+    with pytest.raises(ValueError, match="nested less deeply"):
+        fdp.PLDAccountant.from_json(wrap("[" * 100_000 + "]" * 100_000))
