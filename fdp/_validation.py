@@ -107,7 +107,11 @@ def check_real(
     interval = describe_interval(low, high, low_inclusive, high_inclusive)
     if isinstance(value, bool) or not _is_real_scalar(value):
         raise ValueError(f"{name} must be a real number in {interval}; got {format_value(value)}")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float64 (10**400): no computation here can use it
+        raise ValueError(f"{name} must be a finite number in {interval} within float64's range "
+                         f"(|x| < 1.8e308); got {format_value(value)}") from None
     if math.isnan(x):
         raise ValueError(f"{name} must be a finite number in {interval}; got nan")
     if math.isinf(x) and not allow_inf:

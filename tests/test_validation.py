@@ -245,3 +245,12 @@ def test_from_json_of_brackets_nested_too_deep_is_a_value_error(wrap):
     """Was a RecursionError from the JSON decoder."""
     with pytest.raises(ValueError, match="nested less deeply"):
         fdp.PLDAccountant.from_json(wrap("[" * 100_000 + "]" * 100_000))
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)])
+def test_an_int_beyond_float64_is_a_value_error_naming_the_argument(value):
+    """Was OverflowError ('int too large to convert to float') in every real argument."""
+    with pytest.raises(ValueError, match="noise_multiplier must be a finite number .*float64"):
+        fdp.Gaussian(noise_multiplier=value)
+    with pytest.raises(ValueError, match="x must be a finite number"):
+        check_real("x", value, low=0.0, high=1.0)
