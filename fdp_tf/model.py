@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from fdp_tf.forward import ForwardPass, PrivateGradient
-from fdp_tf.guards import refuse_xla_through_loops, refuse_multiple_outputs, refuse_unsupported_layers
+from fdp_tf.guards import refuse_multiple_outputs, refuse_unsupported_layers, refuse_xla_through_loops
 from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, empty_table
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
 from fdp_tf.model_fit import LedgerFit
