@@ -72,7 +72,29 @@ def test_check_cost_benchmark_runs(tmp_path: Path) -> None:
     (result,) = json.loads(out.read_text())
     assert set(result["seconds"]) == {"non-DP", "JL r=1", "JL r=1, checks off", "JL r=1, probe",
                                       "JL r=1, probe base", "exact", "exact, checks off", "exact, probe",
-                                      "exact, probe base"}
+                                      "exact, probe base", "exact, again"}
     assert all(t > 0 for t in result["seconds"].values())
     assert "checks cost, JL r=1:" in proc.stdout and "checks cost, exact:" in proc.stdout
     assert "the probe adds" in proc.stdout
+    assert "noise floor (exact against itself" in proc.stdout and "noise floor" in result
+
+
+def test_check_cost_parts_switch_one_check_off_and_restore_it() -> None:
+    """--parts: each part's patch replaces exactly its function while active and puts
+    the original back afterwards (also when the step raises)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import check_cost
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    patches = check_cost._part_patches()
+    assert set(patches) == set(check_cost.PARTS) and set(check_cost.ALL_CHECKS) <= set(check_cost.PARTS)
+    for part, (module, name, _) in patches.items():
+        original = getattr(module, name)
+        with pytest.raises(RuntimeError):
+            with check_cost.without(part):
+                assert getattr(module, name) is not original, part
+                others = [getattr(m, n) for p, (m, n, _) in patches.items() if p != part]
+                raise RuntimeError
+        assert getattr(module, name) is original, part
+        assert others == [getattr(m, n) for p, (m, n, _) in patches.items() if p != part]
