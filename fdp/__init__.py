@@ -30,3 +30,4 @@ from fdp.interop import from_dp_event
 from fdp.mechanisms.laplace import Laplace, LaplaceCurve, laplace_curve
 from fdp.mechanisms.discrete import FromDistributions, RandomizedResponse
 from fdp.mechanisms.from_delta import FromDelta
+from fdp.mechanisms.random_allocation import RandomAllocation

@@ -43,7 +43,7 @@ from fdp.pld.pmf import DiscretePLD
 from fdp.pld.roundoff import (U, composition_l2_error, delta_error_weight, direct_dft_error, fft_relative_error,
                               spectrum_error_terms)
 
-__all__ = ["compose", "MAX_FFT_POINTS", "steps_loss_error", "steps_mass_error"]
+__all__ = ["compose", "MAX_FFT_POINTS", "recompute_low_frequencies", "steps_loss_error", "steps_mass_error"]
 
 #: Largest FFT the accountant allocates (2^23 points: ~64 MiB per real array).
 MAX_FFT_POINTS = 1 << 23
@@ -121,7 +121,7 @@ def compose(
         kappa = max(kappa, (math.ceil(q.pmf.size / n_fft) - 1) * U * 2)  # folding sums
         f = scipy.fft.rfft(vector, n=n_fft)
         l1_norm = float(vector.sum()) * (1 + vector.size * U)
-        direct = _recompute_low_frequencies(f, vector, l1_norm, count, n_fft)
+        direct = recompute_low_frequencies(f, vector, l1_norm, count, n_fft)
         modulus = np.abs(f)
         ratio, log_m = spectrum_error_terms(modulus, l1_norm, count, n_fft, direct)
         ratio_sum, log_product = ratio_sum + ratio, log_product + log_m
@@ -210,12 +210,13 @@ _DIRECT_LOG_CUTOFF = -12.0
 _DIRECT_BUDGET = 2_000_000
 
 
-def _recompute_low_frequencies(spectrum: np.ndarray, vector: np.ndarray, l1_norm: float, count: int,
-                               n_fft: int) -> tuple[int, float]:
+def recompute_low_frequencies(spectrum: np.ndarray, vector: np.ndarray, l1_norm: float, count: int,
+                               n_fft: int, budget: int = 0) -> tuple[int, float]:
     """Overwrite the lowest coefficients of ``spectrum`` (the rfft of ``vector``) with
     direct, more accurate sums where T times the FFT's error would dominate the
-    round-off bound. Returns (K, e_direct) for :func:`spectrum_error_terms`: the first
-    K coefficients are within e_direct each (soundness does not depend on K)."""
+    round-off bound, within ``budget`` multiply-adds (0: the default budget). Returns
+    (K, e_direct) for :func:`spectrum_error_terms`: the first K coefficients are within
+    e_direct each (soundness does not depend on K)."""
     beta = fft_relative_error(n_fft)
     if count * beta < 1e-12:  # the FFT's own error is already negligible after T steps
         return 0, 0.0
@@ -224,7 +225,7 @@ def _recompute_low_frequencies(spectrum: np.ndarray, vector: np.ndarray, l1_norm
         keep = count * np.log(np.abs(spectrum) + e_fft) >= _DIRECT_LOG_CUTOFF
     below = np.flatnonzero(~keep)
     k = int(below[0]) if below.size else spectrum.size
-    k = min(k, max(_DIRECT_BUDGET // max(vector.size, 1), 1), spectrum.size)
+    k = min(k, max((budget or _DIRECT_BUDGET) // max(vector.size, 1), 1), spectrum.size)
     if k > 0:
         spectrum[:k] = low_frequency_dft(vector, n_fft, k - 1)
     return k, direct_dft_error(l1_norm, vector.size)

@@ -1,0 +1,314 @@
+"""One epoch of random allocation, on a lattice of likelihood ratios.
+
+Random allocation (1 of t, "balls in bins"): each example is used in exactly one of
+the t steps of an epoch, chosen uniformly. For the Gaussian mechanism (noise
+multiplier sigma, mu = 1 / sigma) one epoch is dominated by the pair (Chua et al.,
+"Balls-and-Bins Sampling for DP-SGD", AISTATS 2025; Feldman and Shenfeld, "Privacy
+amplification by random allocation", arXiv:2502.08202)
+
+    Q = N(0, I_t),    P = (1/t) sum_j N(mu e_j, I_t)       (remove; add is (Q, P))
+
+whose likelihood ratio is a mean of t iid terms under Q:
+
+    dP/dQ (y) = S / t,   S = sum_j W_j,   W_j = exp(mu y_j - mu^2 / 2).           (1)
+
+**The lattice.** Each term is cut into classes g = floor(W / Delta) < K (an
+*overflow* class for W >= K Delta). Outside overflow, M = sum_j g_j and
+S in [M Delta, (M + t) Delta): the class C_m = {M = m} has likelihood ratios in
+[x_lo, x_hi] = [m Delta / t, (m + t) Delta / t]. Its masses are t-fold convolutions
+of one term's (:func:`fdp.mechanisms.allocation_lattice.epoch_lattice`, by FFT):
+
+    Q(C_m)                   = q_m = (a^{*t})_m,              a_g = Q(g)
+    E_Q[S - m Delta ; C_m]   = rho_m = t (b * a^{*(t-1)})_m,  b_g = E_Q[W - g Delta ; g]
+    E_Q[(m+t) Delta - S; C_m] = rhobar_m = t (bbar * a^{*(t-1)})_m,  bbar_g = E_Q[(g+1) Delta - W ; g]
+    P(C_m) = E_Q[S/t ; C_m]  = (m Delta q_m + rho_m) / t.
+
+**Two pairs, no estimate.** The classes (and one class C_* for everything else:
+an overflow, or M outside the window) are a post-processing of the output, so the
+pair of class masses is *dominated* by (P, Q): its delta is a lower bound
+(:func:`optimistic_atoms`; C_* is dropped). Splitting every class into two atoms at
+x_lo and x_hi that keep its P-mass and Q-mass (Q-mass rho_m / (t Delta) at x_hi,
+rhobar_m / (t Delta) at x_lo), and C_*'s P-mass to +inf, gives a pair that
+post-processes to (P, Q), so it *dominates*: an upper bound
+(:func:`pessimistic_atoms`; the connect-the-dots argument of
+:mod:`fdp.pld.discretise` applied to the classes). Every mass enters as a proven
+lower bound (FFT round-off by :mod:`fdp.pld.roundoff`, the window's wrap-around by a
+Chernoff bound, the terms' own float error), and the mass thereby left out goes to
++inf on the upper side: both sides stay bounds whatever the float arithmetic did.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.fft
+
+from fdp._kernels.power import complex_power
+from fdp.mechanisms.allocation_terms import TermLaw
+from fdp.pld.cells import Direction
+from fdp.pld.compose import recompute_low_frequencies
+from fdp.pld.roundoff import U, composition_l2_error, spectrum_error_terms
+
+__all__ = ["EpochLattice", "epoch_lattice", "loss_error", "optimistic_atoms", "pessimistic_atoms", "window",
+           "MAX_LATTICE_POINTS"]
+
+#: Largest lattice (FFT length) built: ~8.4e6 points, ~0.5 GiB of work arrays.
+MAX_LATTICE_POINTS = 2**23
+#: P1-mass of a term beyond the top class (charged to +inf on the upper side, dropped
+#: on the lower).
+TAIL = 1e-14
+#: Q- and P-mass of one epoch left outside the FFT window on each side (it wraps around;
+#: each entry is charged the Chernoff envelope of the tail that lands on it).
+WRAP_TAIL = 1e-14
+#: Multiply-adds spent on recomputing the low frequencies of a term's spectrum directly
+#: (each epoch's lattice is built once per mechanism; this is ~0.2 s).
+DIRECT_BUDGET = 300_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class EpochLattice:
+    """Bounds on the class masses of one epoch, for m = start .. start + q_lo.size - 1.
+
+    ``q_lo <= Q(C_m) <= q_hi``; ``rho_lo <= E_Q[S - m spacing (1 - xi) ; C_m]``;
+    ``rhobar_lo <= E_Q[(m + t) spacing (1 + xi) - S ; C_m]`` (t = ``steps``).
+    """
+
+    steps: int
+    spacing: float
+    xi: float
+    start: int
+    q_lo: np.ndarray
+    q_hi: np.ndarray
+    rho_lo: np.ndarray
+    rhobar_lo: np.ndarray
+
+    @property
+    def m(self) -> np.ndarray:
+        return self.start + np.arange(self.q_lo.size, dtype=np.float64)
+
+    def ratio_range(self) -> tuple[np.ndarray, np.ndarray]:
+        """[x_lo, x_hi] of the split: the class C_m's likelihood ratios S / t lie in it."""
+        t = self.steps
+        return (self.m * self.spacing * (1 - self.xi) / t,
+                (self.m + t) * self.spacing * (1 + self.xi) / t)
+
+
+def _block_log_mgf(weights: np.ndarray, theta: float) -> float:
+    """An upper bound on log sum_g weights_g e^{theta g}: blocks of 64 classes, each
+    charged at its end where e^{theta g} is largest."""
+    pad = (-weights.size) % 64
+    blocks = np.concatenate([weights, np.zeros(pad)]).reshape(-1, 64).sum(axis=1) * (1 + 64 * U)
+    first = np.arange(blocks.size, dtype=np.float64) * 64
+    with np.errstate(divide="ignore"):
+        terms = np.log(blocks) + theta * (first + 63 if theta > 0 else first)
+    top = float(np.max(terms))
+    return top + math.log(float(np.sum(np.exp(terms - top)))) * (1 + 1e-12) + 1e-12 * (1 + abs(top))
+
+
+@dataclass(frozen=True, eq=False)
+class _Chernoff:
+    """log E[e^{theta M}] upper bounds on a grid of theta > 0 and theta < 0, under Q (t
+    terms with the law a) and under P (one term with P1's law, bounded by
+    :meth:`TermLaw.p1_upper`, and t - 1 with a), the larger of the two."""
+
+    theta: np.ndarray  # > 0
+    log_up: np.ndarray  # at +theta
+    log_down: np.ndarray  # at -theta
+
+    @classmethod
+    def of(cls, law: TermLaw, steps: int) -> "_Chernoff":
+        a = law.a * (1 + 2 * U)
+        a1 = law.p1_upper()
+        var = max(float(np.sum(a * np.arange(a.size, dtype=np.float64) ** 2)), 1.0)
+        theta = np.geomspace(1e-4, 1e3, 64) / math.sqrt(steps * var)
+        up, down = [], []
+        for th in theta:
+            for sign, out in ((1.0, up), (-1.0, down)):
+                log_q = _block_log_mgf(a, sign * th)
+                out.append(max(steps * log_q, _block_log_mgf(a1, sign * th) + (steps - 1) * log_q))
+        return cls(theta, np.array(up), np.array(down))
+
+    def above(self, s: np.ndarray) -> np.ndarray:
+        """Upper bounds on Q(M >= s) and P(M >= s), elementwise."""
+        s = np.asarray(s, dtype=np.float64)
+        return np.exp(np.min(self.log_up[:, None] - self.theta[:, None] * s[None, :], axis=0).clip(max=0.0))
+
+    def below(self, s: np.ndarray) -> np.ndarray:
+        """Upper bounds on Q(M <= s) and P(M <= s), elementwise."""
+        s = np.asarray(s, dtype=np.float64)
+        return np.exp(np.min(self.log_down[:, None] + self.theta[:, None] * s[None, :], axis=0).clip(max=0.0))
+
+    def window(self, tail: float) -> tuple[int, int]:
+        """[lo, hi) with Q- and P-mass <= ``tail`` below lo and at or above hi."""
+        hi = float(np.min((self.log_up - math.log(tail)) / self.theta))
+        lo = float(np.max((math.log(tail) - self.log_down) / self.theta))
+        return max(int(math.floor(lo)), 0), int(math.ceil(hi)) + 1
+
+
+def window(law: TermLaw, steps: int, tail: float = WRAP_TAIL) -> tuple[int, int]:
+    """[lo, hi) with Q(M < lo), Q(M >= hi), P(M < lo), P(M >= hi) each <= ``tail``
+    (Chernoff: Q(M >= s) <= e^{-theta s} E_Q[e^{theta g}]^t for theta > 0)."""
+    return _Chernoff.of(law, steps).window(tail)
+
+
+def _wrap_envelope(chernoff: _Chernoff, lo: int, n: int, size: int) -> np.ndarray:
+    """Per window entry j (m = lo + j), a bound on the mass that the circular convolution
+    of length n adds to it from outside the window: the masses at m + k n (k >= 1) sum to
+    at most Q(M >= lo + n + j), those at m - k n to at most Q(M <= lo + j - n)."""
+    j = np.arange(size, dtype=np.float64)
+    return chernoff.above(lo + n + j) + chernoff.below(lo + j - n)
+
+
+@dataclass(frozen=True, eq=False)
+class _Spectrum:
+    """DFT(v) of a term vector, with its lowest coefficients recomputed directly where T
+    times the FFT's error would dominate (:func:`fdp.pld.compose.recompute_low_frequencies`)."""
+
+    values: np.ndarray
+    l1: float
+    direct: tuple[int, float]
+
+
+def _spectrum(vector: np.ndarray, n: int, count: int) -> _Spectrum:
+    if vector.size > n:  # the circular convolution's own wrap
+        vector = np.bincount(np.arange(vector.size) % n, weights=vector, minlength=n)
+    l1 = float(np.sum(vector)) * (1 + vector.size * U)
+    values = scipy.fft.rfft(vector, n=n)
+    direct = recompute_low_frequencies(values, vector, l1, count, n, budget=DIRECT_BUDGET)
+    return _Spectrum(values, l1, direct)
+
+
+def _power_product(factors: list[tuple[_Spectrum, int]], n: int) -> tuple[np.ndarray, float]:
+    """IDFT of prod_c DFT(v_c)^{T_c} and a proven bound on its l2 round-off
+    (:mod:`fdp.pld.roundoff`)."""
+    ratio_sum: np.ndarray | float = 0.0
+    log_product: np.ndarray | float = 0.0
+    spectrum = None
+    flushed: np.ndarray | bool = False
+    steps = 0
+    for spec, count in factors:
+        f = spec.values
+        modulus = np.abs(f)
+        ratio, log_m = spectrum_error_terms(modulus, spec.l1, count, n, spec.direct)
+        ratio_sum, log_product = ratio_sum + ratio, log_product + log_m
+        flush = modulus < math.exp(-700.0 / count)  # their power underflows: charged whole
+        flushed = flushed | flush
+        g = np.where(flush, 0.0, f).astype(np.complex128)
+        if count > 1:
+            g = complex_power(g, count)
+        spectrum = g if spectrum is None else spectrum * g
+        steps += count
+    full = scipy.fft.irfft(spectrum, n=n)
+    error = composition_l2_error(np.asarray(ratio_sum), np.asarray(log_product), steps, len(factors), n,
+                                 float(np.linalg.norm(full)) * (1 + 4 * U * math.sqrt(n)), flushed)
+    return full, error
+
+
+def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS) -> EpochLattice:
+    """Bounds on the class masses of one epoch of ``steps`` terms (module docstring).
+
+    Each is a circular convolution computed by FFT on the window of :func:`window`:
+    the true value lies below the computed one plus its round-off bound (an l2 bound,
+    so one on every entry), and above it minus that and the mass that wrapped in from
+    outside the window (:func:`_wrap_envelope`; rho and rhobar carry <= (t + 1) spacing
+    (1 + xi) per unit of it). The classes' Q-masses are exact up to 2u each, so the
+    t-fold products up to (1 + 2u)^t.
+    """
+    t = steps
+    chernoff = _Chernoff.of(law, t)
+    lo, hi = chernoff.window(WRAP_TAIL)
+    n = scipy.fft.next_fast_len(hi - lo, real=True)
+    if n > max_points:
+        raise ValueError(f"random allocation needs a lattice of {n} points here, more than "
+                         f"max_points={max_points}")
+    spectrum_a = _spectrum(law.a, n, t)
+    q_full, q_err = _power_product([(spectrum_a, t)], n)
+    if t > 1:
+        rho_full, rho_err = _power_product([(_spectrum(law.b_lo, n, 1), 1), (spectrum_a, t - 1)], n)
+        bar_full, bar_err = _power_product([(_spectrum(law.bbar_lo, n, 1), 1), (spectrum_a, t - 1)], n)
+    else:
+        rho_full, bar_full = _folded(law.b_lo, n), _folded(law.bbar_lo, n)
+        rho_err = bar_err = 0.0
+        q_full = _folded(law.a, n)
+    shift = lo % n
+
+    def window_of(v: np.ndarray) -> np.ndarray:
+        return np.roll(v, -shift)[: hi - lo]
+
+    q, rho, bar = window_of(q_full), window_of(rho_full), window_of(bar_full)
+    wrapped = _wrap_envelope(chernoff, lo, n, hi - lo)
+    grow = math.expm1(t * math.log1p(2 * U))
+    width = (t + 1) * law.spacing * (1 + law.xi)
+    q_lo = np.clip((q - q_err - wrapped) * (1 - grow), 0.0, None)
+    q_hi = np.clip((q + q_err) * (1 + grow), 0.0, None)
+    rho_lo = np.clip((t * (rho - rho_err) - width * wrapped) * (1 - grow), 0.0, None)
+    bar_lo = np.clip((t * (bar - bar_err) - width * wrapped) * (1 - grow), 0.0, None)
+    return EpochLattice(steps=t, spacing=law.spacing, xi=law.xi, start=lo, q_lo=q_lo, q_hi=q_hi,
+                        rho_lo=rho_lo, rhobar_lo=bar_lo)
+
+
+def _folded(vector: np.ndarray, n: int) -> np.ndarray:
+    if vector.size > n:
+        return np.bincount(np.arange(vector.size) % n, weights=vector, minlength=n)
+    return np.concatenate([vector, np.zeros(n - vector.size)])
+
+
+def pessimistic_atoms(lattice: EpochLattice, direction: Direction) -> tuple[np.ndarray, np.ndarray, float]:
+    """(losses, P-masses, p_inf) of the dominating split pair (module docstring).
+
+    Class C_m is split into Q-mass rho_m / (t w) at x_hi and rhobar_m / (t w) at x_lo,
+    w = x_hi - x_lo, which keeps its Q-mass and P-mass; the masses are lower bounds
+    and what they leave out of the total goes to +inf (P-mass) or to -inf (Q-mass,
+    no P-mass): a pair that post-processes to the split pair, so it dominates too.
+    Remove: losses log x, P-masses x * Q-mass. Add (the pair swapped): losses -log x,
+    P-masses the Q-masses, and the Q-mass left out at +inf.
+    """
+    x_lo, x_hi = lattice.ratio_range()
+    t = lattice.steps
+    w = x_hi - x_lo
+    q_at_hi = lattice.rho_lo / (t * w) * (1 - 4 * U)
+    q_at_lo = lattice.rhobar_lo / (t * w) * (1 - 4 * U)
+    with np.errstate(divide="ignore"):
+        log_lo, log_hi = np.log(x_lo), np.log(x_hi)
+    if direction is Direction.REMOVE:
+        masses = np.concatenate([x_lo * q_at_lo, x_hi * q_at_hi]) * (1 - 2 * U)
+        losses = np.concatenate([log_lo, log_hi])
+    else:
+        masses = np.concatenate([q_at_lo, q_at_hi])
+        losses = -np.concatenate([log_lo, log_hi])
+    kept = (masses > 0) & np.isfinite(losses)  # an atom at x_lo = 0 (add: loss +inf) joins p_inf
+    losses, masses = losses[kept], masses[kept]
+    p_inf = min(1.0, max(0.0, 1.0 - float(np.sum(masses)) * (1 - masses.size * U)))
+    return losses, masses, p_inf
+
+
+def optimistic_atoms(lattice: EpochLattice, direction: Direction) -> tuple[np.ndarray, np.ndarray]:
+    """(losses, P-masses) of the dominated class pair, each a lower bound (C_* dropped).
+
+    Remove: P(C_m) = x_lo Q(C_m) + rho_m / t >= x_lo q_lo + rho_lo / t, at the loss
+    log(P(C_m) / Q(C_m)) >= log(x_lo + rho_lo / (t q_hi)). Add (the pair swapped):
+    Q-masses q_lo at minus an upper bound of that loss, P(C_m) / Q(C_m) =
+    x_hi - rhobar_m / (t Q(C_m)) <= x_hi - rhobar_lo / (t q_hi). The losses' rounding is
+    :func:`loss_error`'s.
+    """
+    x_lo, x_hi = lattice.ratio_range()
+    t = lattice.steps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if direction is Direction.REMOVE:
+            masses = (x_lo * lattice.q_lo + lattice.rho_lo / t) * (1 - 4 * U)
+            loss = np.log(x_lo + lattice.rho_lo / (t * lattice.q_hi))
+        else:
+            masses = lattice.q_lo
+            loss = -np.log(x_hi - lattice.rhobar_lo / (t * lattice.q_hi))
+    kept = (masses > 0) & np.isfinite(loss)
+    return loss[kept], masses[kept]
+
+
+def loss_error(losses: np.ndarray) -> float:
+    """A bound on how far the atoms' computed losses are from the values they stand for:
+    a log of a ratio of a few correctly rounded operations (relative error <= 8u), and
+    the log's own rounding."""
+    top = float(np.max(np.abs(losses), initial=0.0))
+    return 16 * U * (1.0 + top)

@@ -1,0 +1,188 @@
+"""Random allocation ("balls in bins"): each example in exactly one step of an epoch.
+
+A DP-SGD epoch of t steps in which every example is assigned to one step chosen
+uniformly at random (fresh each epoch; batch sizes are Binomial(N, 1/t)). For the
+Gaussian mechanism with noise multiplier sigma (mu = 1 / sigma), one epoch — all t
+adaptive steps — is dominated by the pair (Chua et al., "Balls-and-Bins Sampling for
+DP-SGD", AISTATS 2025; Feldman and Shenfeld, "Privacy amplification by random
+allocation", arXiv:2502.08202, Sec. 3)
+
+    remove:  P = (1/t) sum_{j=1}^t N(mu e_j, I_t),   Q = N(0, I_t)
+    add:     the pair swapped, (Q, P),
+
+under add/remove of one example. Its likelihood ratio is dP/dQ(y) = (1/t) sum_j
+exp(mu y_j - mu^2/2), a mean of t iid terms under Q; :mod:`fdp.mechanisms.allocation_lattice`
+bounds its law from both sides on a lattice of likelihood ratios, so the accountant
+composes epochs (with each other and with any other mechanism) with certified
+lower and upper bounds like any other mechanism.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from fdp._validation import check_integer, format_value
+from fdp.mechanisms._atoms import RANGE_MARGIN, atom_cells
+from fdp.mechanisms.allocation_lattice import (MAX_LATTICE_POINTS, TAIL, EpochLattice, epoch_lattice, loss_error,
+                                               optimistic_atoms, pessimistic_atoms)
+from fdp.mechanisms.allocation_terms import gaussian_term_law
+from fdp.mechanisms.base import Mechanism, mechanism_from_dict, register_mechanism
+from fdp.mechanisms.gaussian import Gaussian
+from fdp.pld.cells import Direction, Grid, LossCells
+
+__all__ = ["RandomAllocation", "MAX_STEPS_PER_EPOCH"]
+
+#: Largest number of steps per epoch accepted (the lattice grows like t).
+MAX_STEPS_PER_EPOCH = 10**6
+#: Lattice spacing as a fraction of the sd of one epoch's likelihood ratio S / t: the
+#: split into two atoms per class widens the bracket by O((spacing / sd)^2) per epoch.
+SPACING_PER_SD = 1 / 16
+#: A lattice coarser than half the sd no longer says anything useful: refused.
+COARSEST_SPACING_PER_SD = 1 / 2
+
+
+@register_mechanism
+@dataclass(frozen=True)
+class RandomAllocation(Mechanism):
+    """One epoch of random allocation: every example used in exactly one of its steps.
+
+    Each of the ``steps_per_epoch`` = t steps runs ``mechanism`` (the Gaussian mechanism
+    of DP-SGD, at sampling rate 1: the allocation is the sampling) on the examples
+    allocated to it; each example goes to one step chosen uniformly at random, fresh
+    every epoch. Compose it once per epoch: ``acc.compose(fdp.RandomAllocation(...),
+    steps=epochs)``. The expected batch is N / t, the noise std sigma C / (N / t).
+
+    Args:
+      mechanism: ``fdp.Gaussian(noise_multiplier=sigma)`` with sampling_rate 1.
+      steps_per_epoch: t in [1, 10^6].
+      selected: steps each example is used in per epoch, k; only k = 1 ("balls in bins")
+        is certified here.
+
+    Raises:
+      ValueError: a mechanism other than a Gaussian at sampling_rate 1, t out of range,
+        k other than 1, or a noise multiplier so small that the lattice would exceed
+        ~8.4 million points (the message says the smallest that fits).
+
+    Example:
+      >>> import fdp
+      >>> epoch = fdp.RandomAllocation(fdp.Gaussian(noise_multiplier=1.0), steps_per_epoch=235)
+      >>> lower, upper = fdp.PLDAccountant().compose(epoch, steps=10).get_epsilon_bounds(1e-5)
+    """
+
+    mechanism: Gaussian
+    steps_per_epoch: int
+    selected: int = 1
+    kind = "random_allocation"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mechanism, Gaussian):
+            raise ValueError("mechanism must be fdp.Gaussian(noise_multiplier=...) (the DP-SGD step); "
+                             f"got {format_value(self.mechanism)}")
+        if self.mechanism.sampling_rate != 1.0:
+            raise ValueError("mechanism must have sampling_rate=1 inside random allocation (the "
+                             "allocation is the sampling); got sampling_rate="
+                             f"{format_value(self.mechanism.sampling_rate)}")
+        object.__setattr__(self, "steps_per_epoch",
+                           check_integer("steps_per_epoch", self.steps_per_epoch, low=1, high=MAX_STEPS_PER_EPOCH))
+        selected = check_integer("selected", self.selected, low=1, high=self.steps_per_epoch)
+        if selected != 1:
+            raise ValueError(f"selected must be 1 (each example in one step per epoch); got {selected}: "
+                             "k > 1 steps per example is not certified yet. Use steps_per_epoch=t/k "
+                             "epochs of k times as many (each 1-of-t/k), or Poisson sampling")
+        object.__setattr__(self, "selected", selected)
+        _plan(self.mu, self.steps_per_epoch)  # refuse at once a lattice that would not fit
+
+    @property
+    def sampling_rate(self) -> float:  # type: ignore[override]
+        """1: the mechanism is one whole epoch (the accountant's Poisson rate does not apply)."""
+        return 1.0
+
+    @property
+    def mu(self) -> float:
+        return 1.0 / self.mechanism.noise_multiplier
+
+    # -- the accountant's interface ----------------------------------------------------
+
+    def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
+                   focus: tuple[float, float] | None = None) -> LossCells:
+        losses, masses, p_inf = _atoms(self.mu, self.steps_per_epoch, Direction(direction), pessimistic)
+        return atom_cells(grid, losses, masses, p_inf=p_inf, loss_error=loss_error(losses))
+
+    def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
+        lo, hi = math.inf, -math.inf
+        for pessimistic in (True, False):
+            losses, masses, _ = _atoms(self.mu, self.steps_per_epoch, Direction(direction), pessimistic)
+            order = np.argsort(losses)
+            cum = np.cumsum(masses[order])
+            first = min(int(np.searchsorted(cum, tail_mass, side="right")), losses.size - 1)
+            last = min(int(np.searchsorted(cum, cum[-1] - tail_mass, side="left")), losses.size - 1)
+            lo, hi = min(lo, float(losses[order][first])), max(hi, float(losses[order][last]))
+        width = max(hi - lo, abs(hi), abs(lo), 1e-300) * RANGE_MARGIN
+        return lo - width, hi + width
+
+    def tradeoff(self):
+        """The tradeoff curve of one epoch's dominating pair (remove direction): below
+        the true curve, a valid f-DP guarantee of the epoch."""
+        from fdp.tradeoff import PiecewiseLinearCurve
+
+        losses, masses, p_inf = _atoms(self.mu, self.steps_per_epoch, Direction.REMOVE, True)
+        return PiecewiseLinearCurve.from_privacy_loss_atoms(losses, masses, p_inf)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "mechanism": self.mechanism.to_dict(),
+                "steps_per_epoch": self.steps_per_epoch, "selected": self.selected}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RandomAllocation":
+        inner = mechanism_from_dict(data.get("mechanism"))
+        return cls(mechanism=inner, steps_per_epoch=data["steps_per_epoch"],  # type: ignore[arg-type]
+                   selected=data.get("selected", 1))
+
+
+def _plan(mu: float, steps: int) -> tuple[float, int]:
+    """(lattice spacing, classes per term) for one epoch: spacing SPACING_PER_SD of the sd
+    of S / t, coarser if the lattice would not fit; the top class where P1(W >= top) <= TAIL."""
+    sd = math.sqrt(math.expm1(min(mu * mu, 700.0)) / steps)
+    z = -float(special.ndtri(TAIL))
+    log_top = mu * mu / 2 + mu * z  # W at the point where P1's upper tail is TAIL
+    if log_top > 700:
+        raise ValueError(_too_small(mu, steps))
+    top = math.exp(log_top)
+    spacing = sd * SPACING_PER_SD
+    # the window of M spans about top + 16 sd(S) in units of S (the Chernoff edges, generously)
+    span = top + 16 * sd * steps + steps
+    if span / spacing > 0.9 * MAX_LATTICE_POINTS:
+        spacing = span / (0.9 * MAX_LATTICE_POINTS)
+    if spacing > sd * COARSEST_SPACING_PER_SD:
+        raise ValueError(_too_small(mu, steps))
+    return spacing, int(math.ceil(top / spacing)) + 1
+
+
+def _too_small(mu: float, steps: int) -> str:
+    return (f"noise_multiplier={1 / mu:.4g} is too small for random-allocation accounting with "
+            f"steps_per_epoch={steps}: one epoch's likelihood ratio is so heavy-tailed that its "
+            f"lattice would exceed {MAX_LATTICE_POINTS} points. Use a noise multiplier of about 0.8 or "
+            "more, or account Poisson sampling instead")
+
+
+@functools.lru_cache(maxsize=16)
+def _lattice(mu: float, steps: int) -> EpochLattice:
+    spacing, classes = _plan(mu, steps)
+    law = gaussian_term_law(mu, spacing, classes)
+    return epoch_lattice(law, steps)
+
+
+@functools.lru_cache(maxsize=64)
+def _atoms(mu: float, steps: int, direction: Direction, pessimistic: bool) -> tuple[np.ndarray, np.ndarray, float]:
+    lattice = _lattice(mu, steps)
+    if pessimistic:
+        return pessimistic_atoms(lattice, direction)
+    losses, masses = optimistic_atoms(lattice, direction)
+    return losses, masses, 0.0
+
