@@ -18,6 +18,12 @@ wrote (``0.3`` is 3/10, not the float below it), so (2) is exact.
 
 ``fdp.dpsgd`` answers the common question in one call: the accountant of E epochs
 of (JL-)DP-SGD, ready for ``get_epsilon_bounds(delta)``.
+
+Random allocation (``sampling="random_allocation"``, :class:`fdp.RandomAllocation`):
+an epoch is exactly t = ceil(N / B) steps, each example used in one of them (batches
+of N / t examples on average); E epochs are ceil(E) such epochs — the first steps of
+an epoch reveal no more than the whole epoch (post-processing), so a partial epoch is
+charged as a whole one.
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ from typing import Any
 
 from fdp._validation import check_integer, check_real, format_value
 
-__all__ = ["dpsgd", "epochs_to_steps", "sampling_rate", "steps_per_epoch"]
+__all__ = ["SAMPLING_SCHEMES", "dpsgd", "epochs_to_steps", "sampling_rate", "steps_per_epoch"]
+
+#: The batch samplings ``dpsgd`` accounts (``fdp_tf.poisson_batches`` draws the first).
+SAMPLING_SCHEMES = ("poisson", "random_allocation")
 
 
 def _batch_and_dataset(batch_size: Any, dataset_size: Any) -> tuple[int, int]:
@@ -75,12 +84,15 @@ def dpsgd(
     epochs: float,
     jl_projections: int | None = None,
     accountant: Any = None,
+    sampling: str = "poisson",
 ) -> Any:
     """The accountant of ``epochs`` epochs of DP-SGD (or DP-SGD-JL with r projections).
 
-    Each step is the Poisson-subsampled Gaussian mechanism at p = B / N
-    (:class:`fdp.Gaussian`), or with ``jl_projections`` = r the JL mechanism of
-    DP-SGD-JL (:class:`fdp.JL`), composed over :func:`epochs_to_steps` steps.
+    ``sampling="poisson"``: each step is the Poisson-subsampled Gaussian mechanism at
+    p = B / N (:class:`fdp.Gaussian`), or with ``jl_projections`` = r the JL mechanism
+    of DP-SGD-JL (:class:`fdp.JL`), composed over :func:`epochs_to_steps` steps.
+    ``sampling="random_allocation"``: ceil(E) epochs of t = ceil(N / B) steps, each
+    example in exactly one step per epoch (:class:`fdp.RandomAllocation`; DP-SGD only).
 
     Args:
       noise_multiplier: sigma > 0 (noise std / clipping norm).
@@ -90,6 +102,7 @@ def dpsgd(
       jl_projections: r >= 1 for DP-SGD-JL; ``None`` for DP-SGD.
       accountant: an :class:`fdp.PLDAccountant` with the settings to use; the steps
         are recorded on it, after any events it holds. Default: a new one.
+      sampling: how batches are drawn, one of :data:`SAMPLING_SCHEMES`.
 
     Returns:
       The :class:`fdp.PLDAccountant`; e.g. ``.get_epsilon_bounds(delta=1e-5)``.
@@ -102,9 +115,20 @@ def dpsgd(
     from fdp.accountant import PLDAccountant
     from fdp.mechanisms.gaussian import Gaussian
 
+    if sampling not in SAMPLING_SCHEMES:
+        raise ValueError(f"sampling must be one of {list(SAMPLING_SCHEMES)}; got {format_value(sampling)}")
     steps = epochs_to_steps(epochs, batch_size, dataset_size)
     p = sampling_rate(batch_size, dataset_size)
-    if jl_projections is None:
+    if sampling == "random_allocation":
+        if jl_projections is not None:
+            raise ValueError("sampling='random_allocation' is accounted for DP-SGD only (jl_projections=None); "
+                             f"got jl_projections={format_value(jl_projections)}: use sampling='poisson'")
+        from fdp.mechanisms.random_allocation import RandomAllocation
+
+        t = steps_per_epoch(batch_size, dataset_size)
+        mechanism = RandomAllocation(Gaussian(noise_multiplier=noise_multiplier), steps_per_epoch=t)
+        steps = -(-steps // t)  # whole epochs: a partial one is charged as a whole one
+    elif jl_projections is None:
         mechanism = Gaussian(noise_multiplier=noise_multiplier, sampling_rate=p)
     else:
         from fdp.mechanisms.jl import JL

@@ -123,3 +123,34 @@ def test_json_round_trip_and_equality() -> None:
 def test_bad_input_is_a_value_error_naming_it(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         fdp.RandomAllocation(**kwargs)
+
+
+def test_dpsgd_random_allocation_counts_whole_epochs_of_ceil_n_over_b_steps() -> None:
+    acc = fdp.dpsgd(noise_multiplier=2.0, batch_size=100, dataset_size=1050, epochs=2.5, sampling="random_allocation")
+    (epoch, count), = acc.events
+    assert (epoch.steps_per_epoch, count) == (11, 3)  # ceil(1050 / 100) steps, 2.5 epochs charged as 3
+    whole = fdp.PLDAccountant().compose(_epoch(2.0, 11), steps=3).get_epsilon_bounds(1e-5)
+    assert acc.get_epsilon_bounds(1e-5) == whole
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    (dict(sampling="shuffle"), "sampling"),
+    (dict(sampling="random_allocation", jl_projections=4), "jl_projections"),
+])
+def test_dpsgd_refuses_what_it_cannot_account(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        fdp.dpsgd(noise_multiplier=1.0, batch_size=10, dataset_size=100, epochs=1, **kwargs)
+
+
+def test_cli_epsilon_with_random_allocation(capsys: pytest.CaptureFixture[str]) -> None:
+    from fdp.cli import main
+
+    assert main(["epsilon", "--noise-multiplier", "2", "--batch-size", "100", "--dataset-size", "1050",
+                 "--epochs", "2", "--delta", "1e-5", "--sampling", "random_allocation", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = fdp.PLDAccountant().compose(_epoch(2.0, 11), steps=2).get_epsilon_bounds(1e-5)
+    assert out["sampling"] == "random_allocation" and out["steps_per_epoch"] == 11
+    assert (out["lower"], out["upper"]) == pytest.approx(expected, rel=1e-12)
+    assert main(["epsilon", "--noise-multiplier", "2", "--sampling-rate", "0.1", "--steps", "10", "--delta",
+                 "1e-5", "--sampling", "random_allocation"]) == 2
+    assert "--batch-size" in capsys.readouterr().err

@@ -51,9 +51,15 @@ def build_parser() -> _Parser:
     parser = _Parser(prog="fdp", description="Certified privacy accounting for DP-SGD and DP-SGD-JL",
                      epilog="Every bound printed is certified (docs/accountant.md).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = sub.add_parser("epsilon", parents=[common, jl], help="certified bounds on epsilon at --delta")
+    sampling = argparse.ArgumentParser(add_help=False)
+    sampling.add_argument("--sampling", choices=("poisson", "random_allocation"), default="poisson",
+                          help="how batches are drawn: poisson (each example kept with probability B/N at "
+                               "every step) or random_allocation (each example in exactly one of the "
+                               "ceil(N/B) steps of every epoch; with --batch-size, --dataset-size, --epochs) "
+                               "(default: %(default)s)")
+    p = sub.add_parser("epsilon", parents=[common, jl, sampling], help="certified bounds on epsilon at --delta")
     p.add_argument("--delta", type=float, required=True)
-    p = sub.add_parser("delta", parents=[common, jl], help="certified bounds on delta at --epsilon")
+    p = sub.add_parser("delta", parents=[common, jl, sampling], help="certified bounds on delta at --epsilon")
     p.add_argument("--epsilon", type=float, required=True)
     p = sub.add_parser("calibrate", parents=[common, jl],
                        help="the noise multiplier (or the fewest JL projections, or the most epochs) "
