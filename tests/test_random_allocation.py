@@ -154,3 +154,43 @@ def test_cli_epsilon_with_random_allocation(capsys: pytest.CaptureFixture[str]) 
     assert main(["epsilon", "--noise-multiplier", "2", "--sampling-rate", "0.1", "--steps", "10", "--delta",
                  "1e-5", "--sampling", "random_allocation"]) == 2
     assert "--batch-size" in capsys.readouterr().err
+
+
+def test_sampling_page_runs_and_prints_what_it_shows() -> None:
+    """docs/sampling.md: its Python block prints the lines the page shows, and its
+    command runs."""
+    import contextlib
+    import io
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "sampling.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text, flags=re.S).group(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block, "sampling.md", "exec"), {"__name__": "__doc__"})
+    shown = re.search(r"which prints\n\n((?:    .*\n)+)", text).group(1)
+    assert out.getvalue().splitlines() == [line[4:] for line in shown.splitlines()]
+    command = re.search(r"```bash\n(fdp .*?)\n```", text).group(1).split()
+    proc = subprocess.run([sys.executable, "-m", "fdp", *command[1:], "--json"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["sampling"] == "random_allocation"
+
+
+def test_sampling_benchmark_quick_runs(tmp_path) -> None:
+    """benchmarks/sampling.py --quick: one setting, both schemes, a JSON row."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "sampling.py"
+    out = tmp_path / "sampling.json"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    assert row["t"] == 11 and row["allocation"][0] <= row["allocation"][1] < row["poisson"][0]
+    assert "| quick: sigma 2, t 11, 3 epochs | 11 |" in proc.stdout

@@ -1,0 +1,112 @@
+"""Epsilon of DP-SGD under the samplings people run: Poisson vs random allocation (balls in bins).
+
+For each setting (noise multiplier sigma, dataset N, batch B, epochs E, delta) it prints
+fdp's certified bracket for Poisson sampling at p = B / N over E ceil(N / B) steps and
+for random allocation (E epochs of t = ceil(N / B) steps, each example in exactly one),
+with the time of each (cold: the random-allocation lattice built afresh; warm: a
+second accountant of the same epoch, the lattice cached), and, with ``--peer``,
+PLD_accounting's random-allocation bracket (``gaussian_allocation_epsilon_range``, its
+own accuracy default) run in a subprocess under ``--peer-timeout`` seconds.
+
+    python benchmarks/sampling.py [--peer] [--peer-timeout 300] [--json PATH] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import time
+from typing import Any
+
+#: (name, sigma, N, B, epochs); delta = 1e-5 throughout.
+SETTINGS = [
+    ("issue 27: sigma 1, t 235, 10 epochs", 1.0, 60000, 256, 10),
+    ("issue 27: sigma 1, t 235, 60 epochs", 1.0, 60000, 256, 60),
+    ("MNIST, sigma 1.1, B 256, 60 epochs", 1.1, 60000, 256, 60),
+    ("seed's IMDb size, sigma 1, B 256, 15 epochs", 1.0, 25000, 256, 15),
+    ("CIFAR-10 size, sigma 2, B 1024, 100 epochs", 2.0, 50000, 1024, 100),
+]
+QUICK = [("quick: sigma 2, t 11, 3 epochs", 2.0, 1050, 100, 3)]
+DELTA = 1e-5
+
+
+def _fdp(sigma: float, n: int, b: int, epochs: int) -> dict[str, Any]:
+    import fdp
+    from fdp.mechanisms import random_allocation
+
+    start = time.perf_counter()
+    poisson = fdp.dpsgd(noise_multiplier=sigma, batch_size=b, dataset_size=n, epochs=epochs).get_epsilon_bounds(DELTA)
+    t_poisson = time.perf_counter() - start
+    random_allocation._lattice.cache_clear()
+    random_allocation._atoms.cache_clear()
+    times = []
+    for _ in range(2):  # cold, then warm (the epoch's lattice cached)
+        start = time.perf_counter()
+        alloc = fdp.dpsgd(noise_multiplier=sigma, batch_size=b, dataset_size=n, epochs=epochs,
+                          sampling="random_allocation").get_epsilon_bounds(DELTA)
+        times.append(time.perf_counter() - start)
+    return {"poisson": poisson, "poisson_s": t_poisson, "allocation": alloc, "allocation_cold_s": times[0],
+            "allocation_warm_s": times[1]}
+
+
+def _peer_worker(queue: Any, sigma: float, t: int, epochs: int) -> None:
+    from PLD_accounting import gaussian_allocation_epsilon_range
+
+    start = time.perf_counter()
+    upper, lower = gaussian_allocation_epsilon_range(delta=DELTA, sigma=sigma, num_steps=t, num_epochs=epochs)
+    queue.put((lower, upper, time.perf_counter() - start))
+
+
+def _peer(sigma: float, t: int, epochs: int, timeout: float) -> dict[str, Any]:
+    queue: Any = mp.get_context("spawn").Queue()
+    proc = mp.get_context("spawn").Process(target=_peer_worker, args=(queue, sigma, t, epochs))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.terminate()
+        return {"peer": None, "peer_s": None, "peer_note": f"did not finish in {timeout:.0f} s"}
+    if queue.empty():
+        return {"peer": None, "peer_s": None, "peer_note": f"failed (exit code {proc.exitcode})"}
+    lower, upper, seconds = queue.get()
+    return {"peer": (lower, upper), "peer_s": seconds, "peer_note": ""}
+
+
+def _bracket(pair: Any) -> str:
+    if pair is None:
+        return "—"
+    lo, hi = pair
+    return f"[{lo:.4f}, {hi:.4f}] ({100 * (hi - lo) / hi:.2f} %)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", action="store_true", help="also run PLD_accounting (pip install PLD_accounting)")
+    parser.add_argument("--peer-timeout", type=float, default=300.0, help="seconds per peer run")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="one small setting (a smoke test)")
+    args = parser.parse_args(argv)
+    rows = []
+    print(f"delta = {DELTA:g}; epsilon brackets are certified [lower, upper] (width)")
+    print("| setting | t | fdp Poisson | s | fdp random allocation | s cold / warm | PLD_accounting random allocation | s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, sigma, n, b, epochs in QUICK if args.quick else SETTINGS:
+        t = -(-n // b)
+        row: dict[str, Any] = {"setting": name, "sigma": sigma, "N": n, "B": b, "epochs": epochs, "t": t,
+                               **_fdp(sigma, n, b, epochs)}
+        if args.peer:
+            row.update(_peer(sigma, t, epochs, args.peer_timeout))
+        rows.append(row)
+        peer = _bracket(row.get("peer")) if args.peer else "(not run)"
+        peer_s = f"{row['peer_s']:.1f}" if row.get("peer_s") else (row.get("peer_note") or "—")
+        print(f"| {name} | {t} | {_bracket(row['poisson'])} | {row['poisson_s']:.2f} | {_bracket(row['allocation'])} "
+              f"| {row['allocation_cold_s']:.2f} / {row['allocation_warm_s']:.2f} | {peer} | {peer_s} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
