@@ -167,12 +167,16 @@ def test_sampling_page_runs_and_prints_what_it_shows() -> None:
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "sampling.md").read_text()
-    block = re.search(r"```python\n(.*?)```", text, flags=re.S).group(1)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(block, "sampling.md", "exec"), {"__name__": "__doc__"})
+    first, second = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    outputs = []
+    for block in (first, second):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block, "sampling.md", "exec"), {"__name__": "__doc__"})
+        outputs.append(out.getvalue())
     shown = re.search(r"which prints\n\n((?:    .*\n)+)", text).group(1)
-    assert out.getvalue().splitlines() == [line[4:] for line in shown.splitlines()]
+    assert outputs[0].splitlines() == [line[4:] for line in shown.splitlines()]
+    assert f"prints `{outputs[1].strip()}`" in text
     command = re.search(r"```bash\n(fdp .*?)\n```", text).group(1).split()
     proc = subprocess.run([sys.executable, "-m", "fdp", *command[1:], "--json"], capture_output=True, text=True,
                           timeout=300)
