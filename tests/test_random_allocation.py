@@ -94,16 +94,18 @@ def test_sixty_epochs_bracket_is_narrow_and_below_poisson() -> None:
 
 
 def test_term_law_masses_are_consistent() -> None:
-    """One term's classes: Q-masses sum to 1, and the remainders' lower bounds give back
-    E_Q[W] = 1 to within 1e-11 from both sides (b from below, bbar from above)."""
+    """One term's classes: Q-masses sum to 1 (less the overflow), and the remainders'
+    lower bounds give back P1(no overflow) = E_Q[W ; no overflow] to within 1e-12 from
+    both sides (b from below, bbar from above)."""
     spacing, classes = _plan(1.0, 235)
     law = gaussian_term_law(1.0, spacing, classes)
     g = np.arange(law.classes)
-    assert abs(law.a.sum() - 1) < 1e-12
+    assert abs(law.a.sum() + law.overflow_q - 1) < 1e-12
     from_b = float(np.sum(g * spacing * (1 - law.xi) * law.a + law.b_lo))
     from_bbar = float(np.sum((g + 1) * spacing * (1 + law.xi) * law.a - law.bbar_lo))
-    assert 1 - 1e-11 < from_b <= 1 + 1e-13
-    assert 1 - 1e-13 <= from_bbar < 1 + 1e-11
+    kept = 1 - law.overflow_p1
+    assert kept - 1e-12 < from_b <= kept + 1e-13
+    assert kept - 1e-13 <= from_bbar < kept + 3e-12  # kept: overflow_p1 is an upper bound
 
 
 def test_json_round_trip_and_equality() -> None:

@@ -57,8 +57,9 @@ __all__ = ["EpochLattice", "epoch_lattice", "loss_error", "optimistic_atoms", "p
 #: Largest lattice (FFT length) built: ~8.4e6 points, ~0.5 GiB of work arrays.
 MAX_LATTICE_POINTS = 2**23
 #: P1-mass of a term beyond the top class (charged to +inf on the upper side, dropped
-#: on the lower).
-TAIL = 1e-14
+#: on the lower): 1e-11 per epoch is below the FFT round-off charged beside it (~2e-9 at
+#: sigma = 1, t = 235), and a smaller one only lengthens the lattice (1e-14: 2x the points).
+TAIL = 1e-11
 #: Q- and P-mass of one epoch left outside the FFT window on each side (it wraps around;
 #: each entry is charged the Chernoff envelope of the tail that lands on it).
 WRAP_TAIL = 1e-14
