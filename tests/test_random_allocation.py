@@ -8,6 +8,10 @@ import math
 import mpmath as mp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hypothesis_budget import examples
 
 import fdp
 from fdp.mechanisms.allocation_terms import gaussian_term_law
@@ -53,6 +57,15 @@ def test_two_steps_bracket_the_mpmath_delta(sigma: float, eps: float) -> None:
     truth = _two_step_delta(sigma, eps)
     assert lower <= truth <= upper
     assert upper - lower <= 1e-2 * truth + 1e-9  # one epoch: the split costs O(spacing)
+
+
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sigma=st.floats(0.85, 6.0), eps=st.floats(0.0, 3.0))
+def test_two_steps_bracket_property(sigma: float, eps: float) -> None:
+    """A search for a bracket on the wrong side of the mpmath truth (t = 2)."""
+    lower, upper = fdp.PLDAccountant().compose(_epoch(sigma, 2)).get_delta_bounds(eps)
+    truth = _two_step_delta(sigma, eps)
+    assert lower <= truth <= upper
 
 
 def test_one_step_per_epoch_is_the_gaussian_mechanism() -> None:
