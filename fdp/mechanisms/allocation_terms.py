@@ -107,8 +107,10 @@ def _remainder(y_edge: np.ndarray, lo: np.ndarray, hi: np.ndarray, mu: float) ->
     log_c = 4 * math.lgamma(n + 1) - math.log(2 * n + 1) - 2 * math.lgamma(2 * n + 1)
     with np.errstate(divide="ignore", over="ignore"):
         error = np.exp((2 * n + 1) * np.log(np.maximum(hi - lo, 0.0)) + log_c) * bound_m
-    # the float sum of n positive terms, each a few roundings off
-    error = np.where(hi > lo, error + 16 * U * np.abs(value), 0.0)
+    # the float sum of n positive terms, each a few roundings off, at nodes and with weights a
+    # few ulp off (the integrand's relative change there is <= (mu + |y|) |y| u per ulp of y)
+    scale = 1.0 + (mu + np.abs(mid) + half) * (np.abs(mid) + half)
+    error = np.where(hi > lo, error + 64 * U * scale * np.abs(value), 0.0)
     return value, error
 
 
@@ -150,8 +152,9 @@ def gaussian_term_law(mu: float, spacing: float, classes: int) -> TermLaw:
     left[0], left_err[0] = 0.0, 0.0
     with np.errstate(over="ignore"):
         density = np.where(np.isfinite(y), np.exp(-0.5 * (np.abs(y) - shift) ** 2), 0.0) * 0.3989422804014328
-    moved = 1.01 * shift * (density[1:] * (hi_w - lo_w) * (1 + xi) + density[:-1] * lo_w * xi
-                            + density[1:] * hi_w * xi)
+    # at the right end the integrand is <= (g+1) spacing (1 + xi)^2 - g spacing (1 - xi), at the
+    # left end |W - g spacing (1 - xi)| <= 3 xi g spacing (W there is g spacing within 2 xi)
+    moved = 1.01 * shift * (density[1:] * ((hi_w - lo_w) * (1 + xi) + 3 * hi_w * xi) + density[:-1] * 3 * lo_w * xi)
     b = lo_w * (left - left_err) * (1 - xi) * (1 - 4 * U) - moved - 4 * U * a * lo_w
     bbar = hi_w * (right - right_err) * (1 - xi) * (1 - 4 * U) - moved - 4 * U * a * hi_w
     # class 0, W in [0, spacing): b_0 = P1(class 0) and bbar_0 = spacing a_0 - P1(class 0),
