@@ -213,3 +213,16 @@ def test_sampling_benchmark_quick_runs(tmp_path) -> None:
     (row,) = json.loads(out.read_text())
     assert row["t"] == 11 and row["allocation"][0] <= row["allocation"][1] < row["poisson"][0]
     assert "| quick: sigma 2, t 11, 3 epochs | 11 |" in proc.stdout
+
+
+def test_cli_curves_compare_poisson_and_random_allocation(capsys: pytest.CaptureFixture[str]) -> None:
+    from fdp.cli import main
+
+    assert main(["curves", "--noise-multiplier", "2", "--batch-size", "100", "--dataset-size", "1050", "--epochs",
+                 "3", "--delta", "1e-5", "--sampling", "poisson", "--sampling", "random_allocation", "--json"]) == 0
+    curves = json.loads(capsys.readouterr().out)["curves"]
+    assert set(curves) == {"Gaussian, Poisson", "Gaussian, random allocation"}
+    alloc = curves["Gaussian, random allocation"]
+    for epochs in (1, 3):
+        lo, hi = fdp.PLDAccountant().compose(_epoch(2.0, 11), steps=epochs).get_epsilon_bounds(1e-5)
+        assert alloc["lower"][epochs - 1] <= hi and lo <= alloc["upper"][epochs - 1]

@@ -47,11 +47,20 @@ def cmd_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     p = fdp.epochs.sampling_rate(args.batch_size, args.dataset_size)
     per_epoch = fdp.steps_per_epoch(args.batch_size, args.dataset_size)
     steps = [e * per_epoch for e in range(1, epochs + 1)]
-    mechs = {f"JL(r={r})": fdp.JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p) for r in rs}
-    mechs["Gaussian"] = fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p)
+    mechs = {f"JL(r={r})": (fdp.JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p), steps) for r in rs}
+    schemes = args.sampling or ["poisson"]
+    if "poisson" in schemes:
+        name = "Gaussian" if schemes == ["poisson"] else "Gaussian, Poisson"
+        mechs[name] = (fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p), steps)
+    if "random_allocation" in schemes:  # one composed step per epoch
+        try:
+            epoch = fdp.RandomAllocation(fdp.Gaussian(noise_multiplier=sigma), steps_per_epoch=per_epoch)
+        except ValueError as err:
+            raise flag_error(err, FLAGS) from None
+        mechs["Gaussian, random allocation"] = (epoch, list(range(1, epochs + 1)))
     tqdm = _tqdm()
     with tqdm(total=len(mechs) * epochs, desc="fdp curves", unit="point", disable=args.json or None) as bar:
-        curves = {name: fdp.epsilon_curve(m, steps, delta, progress=bar.update) for name, m in mechs.items()}
+        curves = {name: fdp.epsilon_curve(m, at, delta, progress=bar.update) for name, (m, at) in mechs.items()}
     head = "| epoch | " + " | ".join(curves) + " |"
     lines = [f"epsilon bounds [lower, upper] at delta={delta:g}, noise_multiplier={sigma:g}, "
              f"p={p:.6g}, {per_epoch} steps/epoch", head, "|---:|" + "---:|" * len(curves)]

@@ -68,9 +68,12 @@ def build_parser() -> _Parser:
                             "meeting --target-epsilon")
     p.add_argument("--target-epsilon", type=float, required=True)
     p.add_argument("--delta", type=float, required=True)
-    p = sub.add_parser("curves", parents=[common], help="epsilon after each epoch, for several r")
+    p = sub.add_parser("curves", parents=[common], help="epsilon after each epoch, for several r and samplings")
     p.add_argument("--jl-projections", type=_ints, default=[],
                    help="comma-separated r values (a Gaussian row is always added)")
+    p.add_argument("--sampling", choices=("poisson", "random_allocation"), action="append",
+                   help="add the Gaussian under this sampling (repeat the flag for several; the JL "
+                        "curves are Poisson); default: poisson")
     p.add_argument("--delta", type=float, required=True)
     p.add_argument("--plot", help="write a PNG of the curves (needs fdp[plot])")
     p = sub.add_parser("risk", parents=[common, jl],
