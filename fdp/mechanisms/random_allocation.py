@@ -127,12 +127,13 @@ class RandomAllocation(Mechanism):
         return lo - width, hi + width
 
     def tradeoff(self):
-        """The tradeoff curve of one epoch's dominating pair (remove direction): below
-        the true curve, a valid f-DP guarantee of the epoch."""
+        """A valid f-DP guarantee of one epoch: min{f, f^-1}** of the curve f of the
+        dominating pair's remove direction (the add direction is the swapped pair, whose
+        curve is f^-1), below the true curve of either ordering."""
         from fdp.tradeoff import PiecewiseLinearCurve
 
         losses, masses, p_inf = _atoms(self.mu, self.steps_per_epoch, Direction.REMOVE, True)
-        return PiecewiseLinearCurve.from_privacy_loss_atoms(losses, masses, p_inf)
+        return PiecewiseLinearCurve.from_privacy_loss_atoms(losses, masses, p_inf).symmetrized()
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "mechanism": self.mechanism.to_dict(),
