@@ -51,7 +51,7 @@ from fdp.pld.cells import Direction
 from fdp.pld.compose import recompute_low_frequencies
 from fdp.pld.roundoff import U, composition_entry_error, composition_l2_error, spectrum_error_terms
 
-__all__ = ["EpochLattice", "epoch_lattice", "loss_error", "optimistic_atoms", "pessimistic_atoms", "window",
+__all__ = ["EpochLattice", "epoch_lattice", "loss_error", "optimistic_atoms", "pessimistic_atoms",
            "MAX_LATTICE_POINTS"]
 
 #: Largest lattice (FFT length) built: ~8.4e6 points, ~0.5 GiB of work arrays.
@@ -146,12 +146,6 @@ class _Chernoff:
         hi = float(np.min((self.log_up - math.log(tail)) / self.theta))
         lo = float(np.max((math.log(tail) - self.log_down) / self.theta))
         return max(int(math.floor(lo)), 0), int(math.ceil(hi)) + 1
-
-
-def window(law: TermLaw, steps: int, tail: float = WRAP_TAIL) -> tuple[int, int]:
-    """[lo, hi) with Q(M < lo), Q(M >= hi), P(M < lo), P(M >= hi) each <= ``tail``
-    (Chernoff: Q(M >= s) <= e^{-theta s} E_Q[e^{theta g}]^t for theta > 0)."""
-    return _Chernoff.of(law, steps).window(tail)
 
 
 def _wrap_envelope(chernoff: _Chernoff, lo: int, n: int, size: int) -> np.ndarray:
