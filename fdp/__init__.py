@@ -31,3 +31,4 @@ from fdp.mechanisms.laplace import Laplace, LaplaceCurve, laplace_curve
 from fdp.mechanisms.discrete import FromDistributions, RandomizedResponse
 from fdp.mechanisms.from_delta import FromDelta
 from fdp.mechanisms.random_allocation import RandomAllocation
+from fdp.mechanisms.without_replacement import SampledWithoutReplacement

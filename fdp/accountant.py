@@ -61,6 +61,10 @@ MAX_GRID_SPACING = MAX_COMPOSED_LOSS / (1000 * MAX_STEPS)
 _TILT_PASSES = 2
 
 
+#: The neighbouring relations, as errors name them.
+_RELATIONS = {"add_remove": "adding or removing one example (add_remove)",
+              "replace_one": "replacing one example (replace_one)"}
+
 #: The settings a JSON document carries (missing ones take their defaults).
 _SETTINGS = ("grid_spacing", "grid_scale", "epsilon_rtol", "max_refinements", "max_points")
 
@@ -118,6 +122,11 @@ class PLDAccountant:
         if not isinstance(mechanism, Mechanism):
             raise ValueError(f"mechanism must be an fdp mechanism (e.g. fdp.Gaussian); got {mechanism!r}")
         steps = check_integer("steps", steps, low=1, high=MAX_STEPS)
+        if self._events and mechanism.neighboring != self.neighboring:
+            raise ValueError(
+                f"mechanism is accounted for neighbouring data sets that differ by {_RELATIONS[mechanism.neighboring]}, "
+                f"but this accountant already holds mechanisms for {_RELATIONS[self.neighboring]}: one epsilon "
+                f"cannot hold for both relations. Account them in separate accountants; got {mechanism!r}")
         if self._events and self._events[-1][0] == mechanism:
             self._events[-1] = (mechanism, self._events[-1][1] + steps)
         else:
@@ -128,6 +137,12 @@ class PLDAccountant:
     @property
     def events(self) -> tuple[tuple[Mechanism, int], ...]:
         return tuple(self._events)
+
+    @property
+    def neighboring(self) -> str:
+        """The neighbouring relation the bounds are for: "add_remove" (one example added
+        or removed; also when empty) or "replace_one" (fdp.SampledWithoutReplacement)."""
+        return self._events[0][0].neighboring if self._events else "add_remove"
 
     @property
     def steps(self) -> int:
@@ -279,7 +294,11 @@ class PLDAccountant:
                               self._advice(result))
 
     def _advice(self, result: PassResult) -> str:
-        """What narrows the bracket of ``result`` (:func:`fdp.pld.queries.widening_advice`)."""
+        """What narrows the bracket of ``result`` (:func:`fdp.pld.queries.widening_advice`), or
+        why nothing does: a mechanism whose lower bound is an attack, not its guarantee."""
+        notes = [m.bracket_note for m, _ in self._grouped() if m.bracket_note]
+        if notes:
+            return notes[0]
         return widening_advice(result.stopped_by, grid_spacing=self.grid_spacing,
                                max_refinements=self.max_refinements, grid_scale=self.grid_scale,
                                max_points=self.max_points)

@@ -24,6 +24,11 @@ an epoch is exactly t = ceil(N / B) steps, each example used in one of them (bat
 of N / t examples on average); E epochs are ceil(E) such epochs — the first steps of
 an epoch reveal no more than the whole epoch (post-processing), so a partial epoch is
 charged as a whole one.
+
+Sampling without replacement (``sampling="without_replacement"``,
+:class:`fdp.SampledWithoutReplacement`): every step a batch of exactly B examples,
+⌈E ⌈N/B⌉⌉ steps as for Poisson, under the *replace-one* relation (its epsilon is for
+replacing one example, not adding or removing one).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from fdp._validation import check_integer, check_real, format_value
 __all__ = ["SAMPLING_SCHEMES", "dpsgd", "epochs_to_steps", "sampling_rate", "steps_per_epoch"]
 
 #: The batch samplings ``dpsgd`` accounts (``fdp_tf.poisson_batches`` draws the first).
-SAMPLING_SCHEMES = ("poisson", "random_allocation")
+SAMPLING_SCHEMES = ("poisson", "random_allocation", "without_replacement")
 
 
 def _batch_and_dataset(batch_size: Any, dataset_size: Any) -> tuple[int, int]:
@@ -93,6 +98,10 @@ def dpsgd(
     of DP-SGD-JL (:class:`fdp.JL`), composed over :func:`epochs_to_steps` steps.
     ``sampling="random_allocation"``: ceil(E) epochs of t = ceil(N / B) steps, each
     example in exactly one step per epoch (:class:`fdp.RandomAllocation`; DP-SGD only).
+    ``sampling="without_replacement"``: the same steps, each on exactly B examples drawn
+    without replacement, under replace-one (:class:`fdp.SampledWithoutReplacement`; a
+    replaced example moves the clipped sum by up to 2C, so the step's noise multiplier
+    there is sigma / 2; DP-SGD only).
 
     Args:
       noise_multiplier: sigma > 0 (noise std / clipping norm).
@@ -119,10 +128,16 @@ def dpsgd(
         raise ValueError(f"sampling must be one of {list(SAMPLING_SCHEMES)}; got {format_value(sampling)}")
     steps = epochs_to_steps(epochs, batch_size, dataset_size)
     p = sampling_rate(batch_size, dataset_size)
-    if sampling == "random_allocation":
-        if jl_projections is not None:
-            raise ValueError("sampling='random_allocation' is accounted for DP-SGD only (jl_projections=None); "
-                             f"got jl_projections={format_value(jl_projections)}: use sampling='poisson'")
+    if sampling != "poisson" and jl_projections is not None:
+        raise ValueError(f"sampling={sampling!r} is accounted for DP-SGD only (jl_projections=None); "
+                         f"got jl_projections={format_value(jl_projections)}: use sampling='poisson'")
+    if sampling == "without_replacement":
+        from fdp.mechanisms.without_replacement import SampledWithoutReplacement
+
+        sigma = check_real("noise_multiplier", noise_multiplier, low=0.0, low_inclusive=False)
+        mechanism = SampledWithoutReplacement(Gaussian(noise_multiplier=sigma / 2), sample_size=batch_size,
+                                              dataset_size=dataset_size)
+    elif sampling == "random_allocation":
         from fdp.mechanisms.random_allocation import RandomAllocation
 
         t = steps_per_epoch(batch_size, dataset_size)

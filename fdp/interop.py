@@ -19,6 +19,11 @@ of two different inputs; dp_accounting accounts it only under REPLACE_ONE):
                                               with e^eps = (2 - eta) / eta; k > 2: three outcomes
                                               "true", "the neighbour's", "another", fdp.FromDistributions)
     PoissonSampledDpEvent(q, Gaussian or Laplace) -> the same with sampling_rate = q
+    SampledWithoutReplacementDpEvent(N, B, Gaussian)
+                                           -> fdp.SampledWithoutReplacement (replace one example:
+                                              the event's noise is relative to the sensitivity
+                                              between batches that differ in one replaced example,
+                                              as dp_accounting reads it under REPLACE_ONE)
     SelfComposedDpEvent(e, n), ComposedDpEvent([...]), NoOpDpEvent -> composition
 
 Null events release nothing about anyone and are left out: NoOpDpEvent, Poisson
@@ -28,7 +33,7 @@ only holds one step of the null mechanism ``fdp.RandomizedResponse(epsilon=0)``,
 queries answer epsilon = delta = 0 (upper bounds ~1e-14: the certified float round-off),
 where dp_accounting's accountants answer 0.
 
-Anything else (sampling without replacement, single-epoch tree aggregation, a
+Anything else (sampling with replacement, single-epoch tree aggregation, a
 non-private event, Poisson sampling of a composition) is refused with a
 ValueError that names it: its privacy is not the composition above.
 dp_accounting is an optional dependency (``pip install dp-accounting``); fdp only
@@ -48,7 +53,7 @@ from fdp.mechanisms.base import Mechanism
 __all__ = ["from_dp_event", "mechanisms_of_event"]
 
 _SUPPORTED = ("GaussianDpEvent", "LaplaceDpEvent", "RandomizedResponseDpEvent", "PoissonSampledDpEvent",
-              "SelfComposedDpEvent", "ComposedDpEvent", "NoOpDpEvent")
+              "SampledWithoutReplacementDpEvent", "SelfComposedDpEvent", "ComposedDpEvent", "NoOpDpEvent")
 
 
 def from_dp_event(event: Any, accountant: PLDAccountant | None = None) -> PLDAccountant:
@@ -98,11 +103,29 @@ def mechanisms_of_event(event: Any) -> list[tuple[Mechanism, int]]:
                 "SelfComposedDpEvent(PoissonSampledDpEvent(q, step), n)); randomized response is a "
                 "replace-one pair, for which subsampling has no add/remove meaning")
         return [(_step(event.event, q), 1)]
+    if name == "SampledWithoutReplacementDpEvent":
+        return _without_replacement(event)
     if name in ("GaussianDpEvent", "LaplaceDpEvent", "RandomizedResponseDpEvent"):
         return [(_step(event, 1.0), 1)]
     raise ValueError(
         f"{name} is not supported by fdp.from_dp_event; supported events: {', '.join(_SUPPORTED)}"
         + (" (a non-private event has epsilon = inf)" if name == "NonPrivateDpEvent" else ""))
+
+
+def _without_replacement(event: Any) -> list[tuple[Mechanism, int]]:
+    """SampledWithoutReplacementDpEvent(N, B, Gaussian) under replace-one."""
+    from fdp.mechanisms.without_replacement import SampledWithoutReplacement
+
+    n = check_integer("SampledWithoutReplacementDpEvent.source_dataset_size", event.source_dataset_size, low=1)
+    b = check_integer("SampledWithoutReplacementDpEvent.sample_size", event.sample_size, low=0, high=n)
+    if b == 0 or not mechanisms_of_event(event.event):
+        return []  # nobody's data is used, or the sampled event is null
+    inner = type(event.event).__name__
+    if inner != "GaussianDpEvent":
+        raise ValueError(f"SampledWithoutReplacementDpEvent of a {inner} is not supported: fdp accounts one "
+                         "Gaussian step on a batch drawn without replacement (sample each step, then "
+                         "compose: SelfComposedDpEvent(SampledWithoutReplacementDpEvent(N, B, step), n))")
+    return [(SampledWithoutReplacement(_step(event.event, 1.0), sample_size=b, dataset_size=n), 1)]
 
 
 def _infinite(noise: Any) -> bool:

@@ -83,7 +83,7 @@ def test_dp_accounting_self_composed_randomized_response_counts_one_step():
 
 @pytest.mark.parametrize("event, match", [
     (lambda: dpa.NonPrivateDpEvent(), "NonPrivateDpEvent"),
-    (lambda: dpa.SampledWithoutReplacementDpEvent(100, 10, dpa.GaussianDpEvent(1.0)), "SampledWithoutReplacement"),
+    (lambda: dpa.SampledWithReplacementDpEvent(100, 10, dpa.GaussianDpEvent(1.0)), "SampledWithReplacement"),
     (lambda: dpa.PoissonSampledDpEvent(0.1, dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0)])), "PoissonSampledDpEvent"),
     (lambda: dpa.PoissonSampledDpEvent(0.1, dpa.RandomizedResponseDpEvent(0.5, 2)), "replace-one"),
     (lambda: dpa.GaussianDpEvent(0.0), "noise_multiplier"),

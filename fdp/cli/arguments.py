@@ -150,34 +150,38 @@ def accountant_of(args: argparse.Namespace):
 
     sigma = sigma_of(args)
     r = projections_of(args)
-    if getattr(args, "sampling", "poisson") == "random_allocation":
-        return _random_allocation(args, sigma, r)
+    if getattr(args, "sampling", "poisson") != "poisson":
+        return _fixed_structure(args, sigma, r)
     p, t, info = steps_of(args)
     mech = factory(args, p, r)(sigma)
     return fdp.PLDAccountant().compose(mech, steps=t), describe(args, sigma, r, info)
 
 
-def _random_allocation(args: argparse.Namespace, sigma: float, r: int | None):
-    """--sampling random_allocation: ceil(E) epochs of ceil(N/B) steps (fdp.dpsgd)."""
+def _fixed_structure(args: argparse.Namespace, sigma: float, r: int | None):
+    """--sampling random_allocation or without_replacement, through fdp.dpsgd."""
     import fdp
 
+    scheme = args.sampling
     if args.mechanism != "gaussian":
-        raise UsageError(f"--sampling random_allocation is accounted for --mechanism gaussian only; "
+        raise UsageError(f"--sampling {scheme} is accounted for --mechanism gaussian only; "
                          f"got --mechanism {args.mechanism}")
     if args.sampling_rate is not None or args.steps is not None or None in (args.batch_size, args.dataset_size,
                                                                             args.epochs):
-        raise UsageError("--sampling random_allocation needs --batch-size, --dataset-size and --epochs "
+        raise UsageError(f"--sampling {scheme} needs --batch-size, --dataset-size and --epochs "
                          "(not --sampling-rate/--steps)")
     names = {"noise_multiplier": "--noise-multiplier", "batch_size": "--batch-size",
              "dataset_size": "--dataset-size", "epochs": "--epochs"}
     try:
         acc = fdp.dpsgd(noise_multiplier=sigma, batch_size=args.batch_size, dataset_size=args.dataset_size,
-                        epochs=args.epochs, sampling="random_allocation")
+                        epochs=args.epochs, sampling=scheme)
     except ValueError as err:
         raise flag_error(err, names) from None
-    (epoch, count), = acc.events
-    info = {"sampling": "random_allocation", "batch_size": args.batch_size, "dataset_size": args.dataset_size,
-            "epochs": count, "steps_per_epoch": epoch.steps_per_epoch}
+    (mech, count), = acc.events
+    info: dict[str, Any] = {"sampling": scheme, "batch_size": args.batch_size, "dataset_size": args.dataset_size}
+    if scheme == "random_allocation":
+        info.update(epochs=count, steps_per_epoch=mech.steps_per_epoch)
+    else:
+        info.update(epochs=args.epochs, steps=count, neighboring="replace_one")
     return acc, describe(args, sigma, r, info)
 
 

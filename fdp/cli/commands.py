@@ -58,6 +58,10 @@ def cmd_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         except ValueError as err:
             raise flag_error(err, FLAGS) from None
         mechs["Gaussian, random allocation"] = (epoch, list(range(1, epochs + 1)))
+    if "without_replacement" in schemes:  # epsilon for replacing one example (fdp.dpsgd's sigma / 2)
+        step = fdp.SampledWithoutReplacement(fdp.Gaussian(noise_multiplier=sigma / 2), sample_size=args.batch_size,
+                                             dataset_size=args.dataset_size)
+        mechs["Gaussian, without replacement (replace-one)"] = (step, steps)
     tqdm = _tqdm()
     with tqdm(total=len(mechs) * epochs, desc="fdp curves", unit="point", disable=args.json or None) as bar:
         curves = {name: fdp.epsilon_curve(m, at, delta, progress=bar.update) for name, (m, at) in mechs.items()}

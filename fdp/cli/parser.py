@@ -52,11 +52,13 @@ def build_parser() -> _Parser:
                      epilog="Every bound printed is certified (docs/accountant.md).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sampling = argparse.ArgumentParser(add_help=False)
-    sampling.add_argument("--sampling", choices=("poisson", "random_allocation"), default="poisson",
+    sampling.add_argument("--sampling", choices=("poisson", "random_allocation", "without_replacement"),
+                          default="poisson",
                           help="how batches are drawn: poisson (each example kept with probability B/N at "
-                               "every step) or random_allocation (each example in exactly one of the "
-                               "ceil(N/B) steps of every epoch; with --batch-size, --dataset-size, --epochs) "
-                               "(default: %(default)s)")
+                               "every step), random_allocation (each example in exactly one of the "
+                               "ceil(N/B) steps of every epoch) or without_replacement (exactly B examples "
+                               "per step; epsilon for replacing one example); the last two with "
+                               "--batch-size, --dataset-size, --epochs (default: %(default)s)")
     p = sub.add_parser("epsilon", parents=[common, jl, sampling], help="certified bounds on epsilon at --delta")
     p.add_argument("--delta", type=float, required=True)
     p = sub.add_parser("delta", parents=[common, jl, sampling], help="certified bounds on delta at --epsilon")
@@ -69,9 +71,11 @@ def build_parser() -> _Parser:
     p = sub.add_parser("curves", parents=[common], help="epsilon after each epoch, for several r and samplings")
     p.add_argument("--jl-projections", type=_ints, default=[],
                    help="comma-separated r values (a Gaussian row is always added)")
-    p.add_argument("--sampling", choices=("poisson", "random_allocation"), action="append",
+    p.add_argument("--sampling", choices=("poisson", "random_allocation", "without_replacement"),
+                   action="append",
                    help="add the Gaussian under this sampling (repeat the flag for several; the JL "
-                        "curves are Poisson); default: poisson")
+                        "curves are Poisson; without_replacement's epsilon is for replacing one "
+                        "example); default: poisson")
     p.add_argument("--delta", type=float, required=True)
     p.add_argument("--plot", help="write a PNG of the curves (needs fdp[plot])")
     p = sub.add_parser("risk", parents=[common, jl],

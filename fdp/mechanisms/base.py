@@ -75,6 +75,12 @@ class Mechanism(abc.ABC):
     exact_cells: ClassVar[bool] = False
     #: Groups of Numba kernels ``loss_cells`` runs (:mod:`fdp._kernels.prefetch`).
     kernel_groups: ClassVar[tuple[str, ...]] = ()
+    #: The neighbouring relation its PLD is for: "add_remove" (one example added or
+    #: removed; every mechanism here but fdp.SampledWithoutReplacement) or "replace_one".
+    neighboring: ClassVar[str] = "add_remove"
+    #: Why no grid narrows this mechanism's bracket, when its lower bound is the privacy
+    #: of real data sets (an attack) rather than of its guarantee; None when the two meet.
+    bracket_note: ClassVar[str | None] = None
     sampling_rate: float
 
     @abc.abstractmethod
