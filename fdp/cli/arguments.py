@@ -177,11 +177,15 @@ def _fixed_structure(args: argparse.Namespace, sigma: float, r: int | None):
     except ValueError as err:
         raise flag_error(err, names) from None
     (mech, count), = acc.events
-    info: dict[str, Any] = {"sampling": scheme, "batch_size": args.batch_size, "dataset_size": args.dataset_size}
-    if scheme == "random_allocation":
-        info.update(epochs=count, steps_per_epoch=mech.steps_per_epoch)
-    else:
-        info.update(epochs=args.epochs, steps=count, neighboring="replace_one")
-    return acc, describe(args, sigma, r, info)
+    return acc, describe(args, sigma, r, scheme_info(args, mech, count, args.epochs))
+
+
+def scheme_info(args: argparse.Namespace, mech: Any, count: int, epochs: float) -> dict[str, Any]:
+    """What the output says of a --sampling other than poisson: ``count`` events of ``mech``."""
+    info: dict[str, Any] = {"sampling": args.sampling, "batch_size": args.batch_size,
+                            "dataset_size": args.dataset_size}
+    if args.sampling == "random_allocation":  # one event per epoch
+        return {**info, "epochs": count, "steps_per_epoch": mech.steps_per_epoch}
+    return {**info, "epochs": epochs, "steps": count, "neighboring": mech.neighboring}
 
 

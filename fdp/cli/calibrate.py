@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from fdp.cli.arguments import (UsageError, Unreachable, describe, factory, projections_of, setting_line, sigma_of,
-                               steps_of)
+from fdp.cli.arguments import (UsageError, Unreachable, describe, factory, projections_of, scheme_info, setting_line,
+                               sigma_of, steps_of)
 
 __all__ = ["MAX_PROJECTIONS", "cmd_calibrate"]
 
@@ -20,6 +20,8 @@ def cmd_calibrate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     target = check_real("--target-epsilon", args.target_epsilon, low=0.0, low_inclusive=False)
     delta = check_certifiable_delta(check_delta(args.delta, "--delta"))
+    if getattr(args, "sampling", "poisson") != "poisson":
+        return _calibrate_scheme(args, target, delta)
     p, t, info = steps_of(args, required=False)
     r = projections_of(args, required=False)
     if args.noise_multiplier is None:  # the noise multiplier
@@ -126,3 +128,57 @@ def _calibrate_steps(args, target, delta, p, sigma, r, info) -> tuple[dict[str, 
             f"{lo} {name} (the most) meet epsilon <= {target:g} at delta={delta:g}\n{setting_line(setting)}")
 
 
+
+
+def _calibrate_scheme(args, target: float, delta: float) -> tuple[dict[str, Any], str]:
+    """--sampling random_allocation / without_replacement: the noise multiplier (with
+    --epochs) or the most whole epochs (with --noise-multiplier), through fdp.dpsgd."""
+    import fdp
+
+    scheme = args.sampling
+    if args.mechanism != "gaussian" or args.sampling_rate is not None or args.steps is not None or None in (
+            args.batch_size, args.dataset_size):
+        raise UsageError(f"--sampling {scheme} calibrates --mechanism gaussian from --batch-size and "
+                         "--dataset-size (not --sampling-rate/--steps)")
+    if (args.noise_multiplier is None) == (args.epochs is None):
+        raise UsageError(f"with --sampling {scheme}, give --epochs to calibrate the noise multiplier, or "
+                         "--noise-multiplier to calibrate the epochs")
+
+    def run(sigma: float, epochs: float):
+        (mech, count), = fdp.dpsgd(noise_multiplier=sigma, batch_size=args.batch_size,
+                                   dataset_size=args.dataset_size, epochs=epochs, sampling=scheme).events
+        return mech, count
+
+    if args.noise_multiplier is None:
+        probe, steps = run(1.0, args.epochs)
+        try:
+            sigma = fdp.calibrate_noise_multiplier(target_epsilon=target, delta=delta, steps=steps,
+                                                   mechanism=lambda s: run(s, args.epochs)[0],
+                                                   progress=not args.json)
+        except ValueError as err:
+            if "unreachable" in str(err):
+                raise Unreachable(str(err)) from None
+            raise
+        setting = describe(args, sigma, None, scheme_info(args, probe, steps, args.epochs))
+        return ({"target_epsilon": target, "delta": delta, **setting},
+                f"noise_multiplier={sigma:.6g} meets epsilon <= {target:g} at delta={delta:g} (certified)\n"
+                f"{setting_line(setting)}")
+    sigma = sigma_of(args)
+
+    def meets(epochs: int) -> bool:
+        mech, count = run(sigma, epochs)
+        return eps_upper(mech, count, delta) <= target
+
+    if not meets(1):
+        raise Unreachable(f"even one epoch gives epsilon > {target:g} at noise_multiplier={sigma:g}")
+    lo, hi = 1, 2
+    while meets(hi):
+        lo, hi = hi, hi * 2
+        if hi > 10**7:
+            raise Unreachable(f"the target is met for more than {lo} epochs: the mechanism leaks almost nothing")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+    setting = describe(args, sigma, None, scheme_info(args, *run(sigma, lo), lo))
+    return ({"target_epsilon": target, "delta": delta, **setting},
+            f"{lo} epochs (the most) meet epsilon <= {target:g} at delta={delta:g}\n{setting_line(setting)}")

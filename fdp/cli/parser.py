@@ -63,7 +63,7 @@ def build_parser() -> _Parser:
     p.add_argument("--delta", type=float, required=True)
     p = sub.add_parser("delta", parents=[common, jl, sampling], help="certified bounds on delta at --epsilon")
     p.add_argument("--epsilon", type=float, required=True)
-    p = sub.add_parser("calibrate", parents=[common, jl],
+    p = sub.add_parser("calibrate", parents=[common, jl, sampling],
                        help="the noise multiplier (or the fewest JL projections, or the most epochs) "
                             "meeting --target-epsilon")
     p.add_argument("--target-epsilon", type=float, required=True)
