@@ -12,6 +12,8 @@ Public API::
     fdp_tf.make_private(model, optimizer=..., loss=..., metrics=...)
     fdp_tf.PrivateModel(model)                 # .ledger, .epsilon(delta)
     fdp_tf.poisson_batches(x, y, expected_batch_size=B)
+    fdp_tf.random_allocation_batches(x, y, steps_per_epoch=t)   # docs/sampling.md
+    fdp_tf.without_replacement_batches(x, y, batch_size=B)      # (replace-one)
     fdp_tf.PrivacyCallback(delta=1e-5)
     fdp_tf.compute_epsilon(optimizer, delta=..., sampling_rate=...)
 
@@ -21,7 +23,8 @@ estimator), ``per_example`` (exact clipping), ``layerwise`` (exact norms layer b
 layer), ``ledger`` (what ran, its epsilon), ``odometer`` (every release booked, no
 restore unspends), ``guards`` (what is refused), ``verify`` / ``probes`` /
 ``refusals`` (what each step verifies before it releases: one loss per row, rows
-independent, the per-example method right, no state changed), ``sampling``,
+independent, the per-example method right, no state changed), ``sampling`` (Poisson),
+``batch_schemes`` (random allocation, without replacement),
 ``fit_inputs`` (how fit's input is sampled), ``losses``, ``optimizers``, ``model``,
 ``callbacks``.
 """
@@ -61,7 +64,9 @@ from fdp_tf.optimizers import DPAdamJL, DPAdamVanilla, DPOptimizer, DPSGDJL, DPS
 from fdp_tf.per_example import per_example_gradients, per_example_norms, vanilla_private_gradient
 from fdp_tf.probes import one_loss_per_row
 from fdp_tf.randomness import NotPrivateWarning, add_gaussian_noise
-from fdp_tf.sampling import PoissonSampling, SamplingWarning, poisson_batches, poisson_sampling_of
+from fdp_tf.sampling import PoissonSampling, SamplingWarning, poisson_batches, poisson_sampling_of, sampling_of
+from fdp_tf.batch_schemes import (RandomAllocationSampling, WithoutReplacementSampling, random_allocation_batches,
+                                  without_replacement_batches)
 
 __all__ = [
     "DPAdamJL",
@@ -77,9 +82,11 @@ __all__ = [
     "PrivacyLedger",
     "PrivateGradient",
     "PrivateModel",
+    "RandomAllocationSampling",
     "RecordedForward",
     "SamplingWarning",
     "Segment",
+    "WithoutReplacementSampling",
     "add_gaussian_noise",
     "clip_factors",
     "clipped_gradient",
@@ -97,7 +104,10 @@ __all__ = [
     "per_example_norms",
     "poisson_batches",
     "poisson_sampling_of",
+    "random_allocation_batches",
     "record_forward",
     "sample_directions",
+    "sampling_of",
     "vanilla_private_gradient",
+    "without_replacement_batches",
 ]

@@ -6,6 +6,10 @@ when it can vouch for it:
 
 * a :func:`fdp_tf.poisson_batches` dataset, or any input with
   ``sampling=fdp_tf.PoissonSampling(...)`` (you vouch): p = B / N;
+* a :func:`fdp_tf.random_allocation_batches` or :func:`fdp_tf.without_replacement_batches`
+  dataset, or any input with ``sampling=fdp_tf.RandomAllocationSampling(...)`` /
+  ``fdp_tf.WithoutReplacementSampling(...)`` (you vouch: for random allocation, each
+  pass over the input is one epoch of t batches): booked under that scheme;
 * arrays, ``fit(x, y, batch_size=B)``: drawn through :func:`fdp_tf.poisson_batches`
   (Keras's shuffled fixed-size batches are another mechanism), so ordinary Keras code
   gets a certified epsilon. Keras's array options keep their meaning:
@@ -29,9 +33,14 @@ import numpy as np
 import tensorflow as tf
 
 from fdp._validation import check_real
-from fdp_tf.sampling import PoissonSampling, SamplingWarning, _array_rows, poisson_batches, poisson_sampling_of
+from fdp_tf.batch_schemes import RandomAllocationSampling, WithoutReplacementSampling
+from fdp_tf.sampling import (PoissonSampling, SamplingWarning, _array_rows, poisson_batches, poisson_sampling_of,
+                             sampling_of)
 
-__all__ = ["FitPlan", "plan_fit"]
+__all__ = ["SAMPLINGS", "FitPlan", "plan_fit"]
+
+#: The samplings ``fit`` and ``open_segment`` book.
+SAMPLINGS = (PoissonSampling, RandomAllocationSampling, WithoutReplacementSampling)
 
 _KERAS_DEFAULT_BATCH = 32
 
@@ -42,7 +51,8 @@ class FitPlan:
 
     Attributes:
       x, y, batch_size, kwargs: the arguments for ``keras.Model.fit``.
-      sampling: the Poisson sampling fit vouches for; ``None``: rate 1 (no amplification).
+      sampling: the sampling fit vouches for (one of :data:`SAMPLINGS`); ``None``: rate 1
+        (no amplification).
       expected_batch_size: B for the optimizer (``None`` for a non-private optimizer).
     """
 
@@ -50,12 +60,12 @@ class FitPlan:
     y: Any
     batch_size: int | None
     kwargs: dict[str, Any]
-    sampling: PoissonSampling | None
+    sampling: Any
     expected_batch_size: int | None
 
 
 def plan_fit(x: Any, y: Any, batch_size: int | None, kwargs: dict[str, Any],
-             sampling: PoissonSampling | None, private: bool) -> FitPlan:
+             sampling: Any, private: bool) -> FitPlan:
     """The :class:`FitPlan` of ``fit(x, y, batch_size, **kwargs, sampling=...)``.
 
     Raises:
@@ -65,15 +75,16 @@ def plan_fit(x: Any, y: Any, batch_size: int | None, kwargs: dict[str, Any],
     if not private:
         return FitPlan(x, y, batch_size, kwargs, None, None)
     if sampling is not None:
-        if not isinstance(sampling, PoissonSampling):
-            raise ValueError(f"sampling must be an fdp_tf.PoissonSampling; got {type(sampling).__name__}")
+        if not isinstance(sampling, SAMPLINGS):
+            raise ValueError("sampling must be an fdp_tf.PoissonSampling, RandomAllocationSampling or "
+                             f"WithoutReplacementSampling; got {type(sampling).__name__}")
         if _array_rows(x) is not None:  # Keras would cut them into fixed batches
             raise ValueError(
                 "sampling= is for a dataset or generator you draw yourself; fit draws arrays as "
                 "Poisson batches itself: pass fit(x, y, batch_size=B) without sampling="
             )
         return FitPlan(x, y, batch_size, kwargs, sampling, sampling.expected_batch_size)
-    spec = poisson_sampling_of(x)
+    spec = sampling_of(x)
     if spec is not None:
         return FitPlan(x, y, batch_size, kwargs, spec, spec.expected_batch_size)
     if _array_rows(x) is None:

@@ -2,8 +2,11 @@
 
 A :class:`PrivacyLedger` is a list of :class:`Segment` s: one mechanism (exact
 clipping = subsampled Gaussian, DP-SGD-JL = ``fdp.JL``, or a non-private optimizer)
-at one Poisson sampling rate, run for some number of steps. The epsilon of the whole
-training is that of the heterogeneous composition
+at one sampling (Poisson at a rate; random allocation with t steps per epoch,
+``fdp.RandomAllocation``, charged in whole epochs; fixed-size batches drawn without
+replacement, ``fdp.SampledWithoutReplacement``, under replace-one), run for some
+number of steps. The epsilon of the whole training is that of the heterogeneous
+composition
 
     fdp.PLDAccountant().compose(m_1, steps=n_1).compose(m_2, steps=n_2)...
 
@@ -18,6 +21,7 @@ fed by the optimizer's release; the table saved with the weights is a copy of it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -27,7 +31,7 @@ import numpy as np
 
 from fdp._validation import check_delta, check_integer, check_sampling_rate
 
-__all__ = ["MAX_SEGMENTS", "PrivacyLedger", "Segment", "compute_epsilon"]
+__all__ = ["MAX_SEGMENTS", "PrivacyLedger", "Segment", "check_relation", "compute_epsilon", "one_relation"]
 
 MAX_SEGMENTS = 64  # rows of the saved table (more segments are merged by mechanism)
 
@@ -36,6 +40,11 @@ NON_PRIVATE, GAUSSIAN, JL = 0, 1, 2
 _KINDS = {NON_PRIVATE: "non_private", GAUSSIAN: "gaussian", JL: "jl"}
 FIELDS = 8  # kind, noise_multiplier, jl_projections, sampling_rate, steps, l2_norm_clip,
 #            expected_batch_size, segment_id
+# The sampling scheme rides in the kind code (code = kind + 10 * scheme: tables written
+# before schemes existed hold 0, 1, 2 and read as Poisson) and its size (t for random
+# allocation, N without replacement) in the jl_projections column, which only JL uses
+# and neither scheme accepts.
+_SCHEMES = ("poisson", "random_allocation", "without_replacement")
 
 # More noise is post-processing of less (add independent noise to the release), so
 # epsilon(sigma) <= epsilon(sigma') for every sigma' <= sigma: where the accountant's
@@ -59,6 +68,12 @@ class Segment:
       expected_batch_size: B of the optimizer, 0 if unknown (informational).
       segment_id: random id of the odometer segment this row copies (0 in merged
         views); lets a restore tell a later snapshot of a segment from another one.
+      sampling: ``"poisson"`` (each example joins each batch with probability
+        ``sampling_rate``), ``"random_allocation"`` (each example in one of the t steps of
+        every epoch; ``steps`` is a whole number of epochs, a partial one charged whole)
+        or ``"without_replacement"`` (exactly B = ``sampling_rate`` * N examples per step;
+        epsilon for replacing one example).
+      scheme_size: t for random allocation, N for without replacement, else 0.
     """
 
     kind: str
@@ -69,11 +84,30 @@ class Segment:
     l2_norm_clip: float = field(default=0.0, compare=False)
     expected_batch_size: int = field(default=0, compare=False)
     segment_id: int = field(default=0, compare=False)
+    sampling: str = "poisson"
+    scheme_size: int = 0
+
+    @property
+    def neighboring(self) -> str:
+        """The relation its epsilon is for: "replace_one" without replacement, else "add_remove"."""
+        return "replace_one" if self.sampling == "without_replacement" else "add_remove"
 
     def mechanism(self) -> Any:
-        """The ``fdp`` mechanism of one step; ``None`` for a non-private segment."""
+        """The ``fdp`` mechanism of one accounted event (a step; an epoch of random
+        allocation); ``None`` for a non-private segment."""
         import fdp
 
+        if self.kind == "jl" and self.sampling != "poisson":
+            raise ValueError(f"{self.sampling} batches are accounted for DP-SGD (exact clipping) only, not "
+                             "DP-SGD-JL: train DP-SGD-JL on fdp_tf.poisson_batches")
+        if self.kind == "gaussian" and self.sampling == "random_allocation":
+            return fdp.RandomAllocation(fdp.Gaussian(noise_multiplier=self.noise_multiplier),
+                                        steps_per_epoch=self.scheme_size)
+        if self.kind == "gaussian" and self.sampling == "without_replacement":
+            # a replaced example moves the clipped sum by up to 2C: sigma / 2 there
+            return fdp.SampledWithoutReplacement(fdp.Gaussian(noise_multiplier=self.noise_multiplier / 2),
+                                                 sample_size=round(self.sampling_rate * self.scheme_size),
+                                                 dataset_size=self.scheme_size)
         if self.kind == "gaussian":
             return fdp.Gaussian(noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate)
         if self.kind == "jl":
@@ -81,15 +115,24 @@ class Segment:
                           sampling_rate=self.sampling_rate)
         return None
 
+    def events(self) -> int:
+        """How many times :meth:`mechanism` runs: the steps, or the epochs of random
+        allocation (a partial epoch is charged whole: its steps reveal no more)."""
+        if self.sampling == "random_allocation":
+            return -(-self.steps // self.scheme_size)
+        return self.steps
+
     def row(self) -> list[float]:
-        code = {v: k for k, v in _KINDS.items()}[self.kind]
-        return [float(code), float(self.noise_multiplier), float(self.jl_projections),
+        code = {v: k for k, v in _KINDS.items()}[self.kind] + 10 * _SCHEMES.index(self.sampling)
+        size = self.scheme_size if self.sampling != "poisson" else self.jl_projections
+        return [float(code), float(self.noise_multiplier), float(size),
                 float(self.sampling_rate), float(self.steps), float(self.l2_norm_clip),
                 float(self.expected_batch_size), float(self.segment_id)]
 
     def same_mechanism(self, other: "Segment") -> bool:
-        return (self.kind, self.noise_multiplier, self.jl_projections, self.sampling_rate) == (
-            other.kind, other.noise_multiplier, other.jl_projections, other.sampling_rate)
+        return (self.kind, self.noise_multiplier, self.jl_projections, self.sampling_rate, self.sampling,
+                self.scheme_size) == (other.kind, other.noise_multiplier, other.jl_projections,
+                                      other.sampling_rate, other.sampling, other.scheme_size)
 
 
 @dataclass(frozen=True)
@@ -102,10 +145,14 @@ class PrivacyLedger:
     def from_table(cls, table: Any) -> "PrivacyLedger":
         """Read the saved ``[MAX_SEGMENTS, FIELDS]`` table (rows with kind < 0 are unused)."""
         rows = np.asarray(table, dtype=np.float64).reshape(-1, FIELDS)
-        segments = [
-            Segment(_KINDS[int(k)], float(s), int(r), float(p), int(n), float(c), int(b), int(i))
-            for k, s, r, p, n, c, b, i in rows if k >= 0
-        ]
+        segments = []
+        for k, s, r, p, n, c, b, i in rows:
+            if k < 0:
+                continue
+            scheme, kind = divmod(int(k), 10)
+            jl, size = (int(r), 0) if scheme == 0 else (0, int(r))
+            segments.append(Segment(_KINDS[kind], float(s), jl, float(p), int(n), float(c), int(b), int(i),
+                                    _SCHEMES[scheme], size))
         return cls(tuple(segments))
 
     def table(self) -> np.ndarray:
@@ -142,18 +189,20 @@ class PrivacyLedger:
 
         if accountant is not None and not isinstance(accountant, fdp.PLDAccountant):
             raise ValueError(f"accountant must be an fdp.PLDAccountant or None; got {type(accountant).__name__}")
+        active = one_relation(active)
         # one composition per mechanism: the same epsilon for a run however it was split
         runs: dict[Segment, int] = {}
         for s in active:
-            key = Segment(s.kind, s.noise_multiplier, s.jl_projections, s.sampling_rate, 0)
-            runs[key] = runs.get(key, 0) + s.steps
+            key = Segment(s.kind, s.noise_multiplier, s.jl_projections, s.sampling_rate, 0,
+                          sampling=s.sampling, scheme_size=s.scheme_size)
+            runs[key] = runs.get(key, 0) + s.events()
         huge = max(s.noise_multiplier for s in runs)
         while True:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 fresh = fdp.PLDAccountant() if accountant is None else accountant.fresh()
                 for s, n in runs.items():
-                    capped = Segment(s.kind, min(s.noise_multiplier, huge), s.jl_projections, s.sampling_rate, n)
+                    capped = dataclasses.replace(s, noise_multiplier=min(s.noise_multiplier, huge))
                     fresh = fresh.compose(capped.mechanism(), steps=n)
                 epsilon = float(fresh.get_epsilon(delta=delta))
             if math.isfinite(epsilon) or huge <= _HUGE_SIGMA:
@@ -162,6 +211,51 @@ class PrivacyLedger:
         for warning in caught:  # those of the attempt that answered
             warnings.warn(warning.message, stacklevel=2)
         return epsilon
+
+
+def one_relation(segments: list[Segment]) -> list[Segment]:
+    """``segments`` with one neighbouring relation: if any is replace-one (fixed-size batches),
+    a Gaussian step at rate 1 (a batch of unknown sampling) becomes what it is under
+    replace-one, a full batch without replacement (a replaced example moves its sum by 2C).
+
+    Raises:
+      ValueError: add/remove segments that have no replace-one form (amplified Poisson
+        or random allocation, DP-SGD-JL) beside replace-one ones.
+    """
+    if all(s.neighboring == "add_remove" for s in segments):
+        return segments
+    out = [dataclasses.replace(s, sampling="without_replacement", scheme_size=1)
+           if (s.kind, s.sampling, s.sampling_rate) == ("gaussian", "poisson", 1.0) else s for s in segments]
+    mixed = [s for s in out if s.neighboring == "add_remove" and s.kind != "non_private"]
+    if mixed:
+        raise ValueError(
+            f"this model ran {sum(s.steps for s in mixed)} step(s) with {mixed[0].sampling} batches "
+            f"(epsilon for adding or removing one example) and steps on fixed-size batches drawn without "
+            "replacement (epsilon for replacing one): no single epsilon covers both. Train one model with "
+            "one kind of batches")
+    return out
+
+
+def check_relation(segments: list[Segment], sampling: Any) -> None:
+    """Refuse, before any step, a sampling whose relation cannot join ``segments``
+    (:func:`one_relation`); ``sampling`` None (rate 1) joins either."""
+    if sampling is None:
+        return
+    probe = Segment("gaussian", 1.0, 0, sampling.sampling_rate, 1, sampling=sampling.scheme,
+                    scheme_size=getattr(sampling, "scheme_size", 0))
+    try:
+        one_relation([*segments, probe])
+    except ValueError:
+        before = sorted({s.sampling for s in segments if s.steps > 0 and s.kind != "non_private"})
+        raise ValueError(
+            f"this model already trained on {' and '.join(before)} batches, whose epsilon is for "
+            f"{_RELATION['add_remove' if sampling.neighboring == 'replace_one' else 'replace_one']}; "
+            f"{sampling.scheme} batches "
+            f"are accounted for {_RELATION[sampling.neighboring]}, and no single epsilon covers both. "
+            f"Keep to one kind of batches, or train a new model on {sampling.scheme} batches") from None
+
+
+_RELATION = {"add_remove": "adding or removing one example", "replace_one": "replacing one example"}
 
 
 def compute_epsilon(

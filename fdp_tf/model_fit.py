@@ -19,6 +19,8 @@ from fdp_tf.guards import NonTrainableWatch, ReportFallbacks, WatchFirstStep
 from fdp_tf.ledger import MAX_SEGMENTS, PrivacyLedger, empty_table
 from fdp_tf.odometer import booking_of
 from fdp_tf.optimizers import DPOptimizer
+from fdp_tf.batch_schemes import RandomAllocationSampling, WithoutReplacementSampling
+from fdp_tf.ledger import check_relation
 from fdp_tf.sampling import PoissonSampling, pad_to_replicas
 
 __all__ = ["LedgerFit"]
@@ -87,7 +89,7 @@ class LedgerFit:
         return super().train_on_batch(*args, **kwargs)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any,
-            sampling: PoissonSampling | None = None, **kwargs: Any) -> Any:
+            sampling: Any = None, **kwargs: Any) -> Any:
         """Keras ``fit``; its steps are booked at the sampling the input is drawn with.
 
         * A :func:`fdp_tf.poisson_batches` dataset: p = B / N is read from it and a
@@ -95,6 +97,10 @@ class LedgerFit:
         * ``sampling=fdp_tf.PoissonSampling(num_examples=N, expected_batch_size=B)``:
           for any other input that is Poisson-sampled (e.g. a ``poisson_batches``
           dataset after ``.map``); you vouch for the sampling.
+        * A :func:`fdp_tf.random_allocation_batches` or
+          :func:`fdp_tf.without_replacement_batches` dataset (or ``sampling=`` their
+          specs): booked under that scheme — random allocation in whole epochs (a pass
+          cut short is charged whole), without replacement for replacing one example.
         * Arrays: drawn as Poisson batches of expected size ``batch_size`` from the rows
           left after ``validation_split``; ``shuffle=False`` keeps Keras's fixed batches,
           booked at rate 1 with a :class:`fdp_tf.SamplingWarning`
@@ -121,6 +127,7 @@ class LedgerFit:
         x, y, batch_size, kwargs = plan.x, plan.y, plan.batch_size, plan.kwargs
         booking = booking_of(optimizer)
         if booking is not None:
+            check_relation(self._odometer.segments(), plan.sampling)  # before a step is run
             self._set_expected_batch_size(optimizer, plan.expected_batch_size, strict=plan.sampling is not None)
             booking.open(plan.sampling, warned=plan.sampling is None)  # plan_fit warned
         replicas = self.distribute_strategy.num_replicas_in_sync
@@ -141,16 +148,26 @@ class LedgerFit:
                 booking.open(None)  # fit's sampling ends with it
             self._odometer.sync(self.dp_ledger)
 
-    def open_segment(self, sampling: PoissonSampling) -> None:
+    def open_segment(self, sampling: Any) -> None:
         """Book the next private steps at ``sampling`` (a custom loop or ``train_on_batch``
-        on batches drawn that way; you vouch for it) until the next ``fit`` or call."""
-        if not isinstance(sampling, PoissonSampling):
-            raise ValueError(f"sampling must be an fdp_tf.PoissonSampling; got {type(sampling).__name__}")
+        on batches drawn that way; you vouch for it) until the next ``fit`` or call:
+        a :class:`fdp_tf.PoissonSampling` or :class:`fdp_tf.WithoutReplacementSampling`.
+        Random allocation is booked by ``fit`` only: a loop may cut a pass short and start
+        another without the ledger seeing it, and each pass is a whole epoch to charge."""
+        if isinstance(sampling, RandomAllocationSampling):
+            raise ValueError("open_segment cannot book random allocation: a custom loop may start a new "
+                             "pass over the batches at any step, and every pass is an epoch to charge. "
+                             "Train on fdp_tf.random_allocation_batches with fit, or book fixed-size or "
+                             "Poisson batches here")
+        if not isinstance(sampling, (PoissonSampling, WithoutReplacementSampling)):
+            raise ValueError("sampling must be an fdp_tf.PoissonSampling or WithoutReplacementSampling; got "
+                             f"{type(sampling).__name__}")
         optimizer = getattr(self, "optimizer", None)
         if optimizer is None:
             raise ValueError("compile the model with its optimizer before open_segment")
         booking = booking_of(optimizer)
         if booking is not None:
+            check_relation(self._odometer.segments(), sampling)
             self._set_expected_batch_size(optimizer, sampling.expected_batch_size, strict=True)
             booking.open(sampling)
 

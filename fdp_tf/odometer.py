@@ -111,7 +111,7 @@ class Booking:
             )
         self._check_mechanism()
         now, current = self.released, self._current
-        current.done, current.base = current.done + now - (current.base or 0), None  # close it
+        current.done, current.base = _charged(current.segment, current.done + now - (current.base or 0)), None
         if current.done == 0:
             self._entries.remove(current)
         template = self._template(sampling)
@@ -131,7 +131,7 @@ class Booking:
         raise_recorded_refusals(self._optimizer)
         now, out = self.released, []
         for entry in self._entries:
-            steps = entry.done + (now - entry.base if entry.base is not None else 0)
+            steps = entry.done + (_charged(entry.segment, now - entry.base) if entry.base is not None else 0)
             if steps > 0:
                 if not entry.vouched:
                     self._warn(entry, steps)
@@ -162,12 +162,18 @@ class Booking:
         self._entries.append(entry)
         return entry
 
-    def _template(self, sampling: PoissonSampling | None) -> Segment:
+    def _template(self, sampling: Any) -> Segment:
         optimizer = self._optimizer
         rate = 1.0 if sampling is None else sampling.sampling_rate
-        return dataclasses.replace(
+        template = dataclasses.replace(
             optimizer.segment(rate), l2_norm_clip=float(optimizer.l2_norm_clip),
             expected_batch_size=int(optimizer.expected_batch_size or 0), segment_id=new_segment_id())
+        if sampling is not None and sampling.scheme != "poisson":
+            if template.kind != "gaussian":
+                raise ValueError(f"{sampling.scheme} batches are accounted for DP-SGD (exact clipping) only; "
+                                 f"got {type(optimizer).__name__}: train it on fdp_tf.poisson_batches")
+            template = dataclasses.replace(template, sampling=sampling.scheme, scheme_size=sampling.scheme_size)
+        return template
 
     def _warn(self, entry: _Entry, steps: int | None) -> None:
         if entry.warned:
@@ -182,6 +188,15 @@ class Booking:
             SamplingWarning,
             stacklevel=3,
         )
+
+
+def _charged(segment: Segment, steps: int) -> int:
+    """Steps charged for ``steps`` run since a segment opened: for random allocation whole
+    epochs (each opening starts a new pass over the sampler; the steps of a pass cut short
+    reveal no more than the whole pass), else the steps."""
+    if segment.sampling != "random_allocation":
+        return steps
+    return -(-steps // segment.scheme_size) * segment.scheme_size
 
 
 def booking_of(optimizer: Any) -> Booking | None:
@@ -261,7 +276,7 @@ class Odometer:
         if len(segments) > MAX_SEGMENTS:
             merged: dict[tuple[Any, ...], Segment] = {}
             for s in segments:
-                key = (s.kind, s.noise_multiplier, s.jl_projections, s.sampling_rate)
+                key = (s.kind, s.noise_multiplier, s.jl_projections, s.sampling_rate, s.sampling, s.scheme_size)
                 # a fixed id per mechanism: later files carry later snapshots of the same row
                 ident = hash((self._token, key)) % (2**52 - 1) + 1
                 self._merged_ids.add(ident)

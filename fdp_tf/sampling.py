@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +34,7 @@ __all__ = [
     "pad_to_replicas",
     "poisson_batches",
     "poisson_sampling_of",
+    "sampling_of",
 ]
 
 
@@ -58,6 +59,10 @@ class PoissonSampling:
     num_examples: int
     expected_batch_size: int
     steps_per_epoch: int | None = None
+    #: The ledger's name of the scheme, its size field, and the relation of its epsilon.
+    scheme: ClassVar[str] = "poisson"
+    scheme_size: ClassVar[int] = 0
+    neighboring: ClassVar[str] = "add_remove"
 
     def __post_init__(self) -> None:
         n = check_integer("num_examples", self.num_examples, low=1)
@@ -71,20 +76,25 @@ class PoissonSampling:
         return self.expected_batch_size / self.num_examples
 
 
-_REGISTRY: "weakref.WeakKeyDictionary[tf.data.Dataset, PoissonSampling]" = (
-    weakref.WeakKeyDictionary()
-)
+# the sampling of every dataset fdp_tf's samplers made (poisson_batches and those of
+# fdp_tf.batch_schemes), by the dataset object itself
+_REGISTRY: "weakref.WeakKeyDictionary[tf.data.Dataset, Any]" = weakref.WeakKeyDictionary()
 
 
-def poisson_sampling_of(dataset: Any) -> PoissonSampling | None:
-    """The :class:`PoissonSampling` of a dataset made by :func:`poisson_batches`, else None.
-
-    Only the dataset object returned by :func:`poisson_batches` is recognised;
-    a dataset derived from it by ``.map`` etc. is a new object.
-    """
+def sampling_of(dataset: Any) -> Any:
+    """The sampling of a dataset made by one of fdp_tf's samplers (:func:`poisson_batches`,
+    :func:`fdp_tf.random_allocation_batches`, :func:`fdp_tf.without_replacement_batches`),
+    else None. Only the dataset object a sampler returned is recognised; a dataset
+    derived from it by ``.map`` etc. is a new object."""
     if not isinstance(dataset, tf.data.Dataset):
         return None
     return _REGISTRY.get(dataset)
+
+
+def poisson_sampling_of(dataset: Any) -> PoissonSampling | None:
+    """The :class:`PoissonSampling` of a dataset made by :func:`poisson_batches`, else None."""
+    spec = sampling_of(dataset)
+    return spec if isinstance(spec, PoissonSampling) else None
 
 
 def poisson_batches(
