@@ -32,3 +32,4 @@ from fdp.mechanisms.discrete import FromDistributions, RandomizedResponse
 from fdp.mechanisms.from_delta import FromDelta
 from fdp.mechanisms.random_allocation import RandomAllocation
 from fdp.mechanisms.without_replacement import SampledWithoutReplacement
+from fdp.shuffling import shuffled_lower_bound
