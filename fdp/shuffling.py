@@ -51,9 +51,13 @@ EDGE_TAIL = 1e-30
 def max_statistic_pair(noise_multiplier: float, batch_size: int, dataset_size: int,
                        bins: int = BINS) -> tuple[np.ndarray, np.ndarray]:
     """The binned laws (P, Q) of (2) for one epoch: the largest batch sum under D' and D."""
+    with mpmath.workdps(40):  # not the global precision: callers' mpmath is left alone
+        return _binned_pair(noise_multiplier, batch_size, dataset_size, bins)
+
+
+def _binned_pair(noise_multiplier: float, batch_size: int, dataset_size: int, bins: int) -> tuple[np.ndarray, np.ndarray]:
     t, r = divmod(dataset_size, batch_size)
     q = mpmath.mpf(r + 1) / (dataset_size + 1) if r <= batch_size - 2 else mpmath.mpf(r) / dataset_size
-    mpmath.mp.dps = 40
     shift = mpmath.mpf(2) / noise_multiplier
     lo = min(-4.0, float(mpmath.sqrt(2) * mpmath.erfinv(2 * mpmath.power(EDGE_TAIL, 1.0 / t) - 1)))
     hi = float(shift) + 12.0  # P(N(0,1) > 12) < 1e-32

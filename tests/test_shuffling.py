@@ -125,3 +125,20 @@ def test_sampling_page_shuffling_block_prints_what_it_says() -> None:
     with contextlib.redirect_stdout(out):
         exec(compile(block, "sampling.md", "exec"), {"__name__": "__doc__"})
     assert out.getvalue().strip() == re.search(r"prints `(.*?)`", section).group(1)
+
+
+def test_cli_prints_a_lower_bound_only(capsys) -> None:
+    import json
+
+    from fdp.cli import main
+
+    base = ["--noise-multiplier", "1", "--batch-size", "100", "--dataset-size", "1050", "--delta", "1e-5",
+            "--sampling", "shuffle"]
+    assert main(["epsilon", *base, "--epochs", "3.7", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["upper"] is None and out["epochs"] == 3  # whole epochs only: a lower bound
+    assert out["lower"] == fdp.shuffled_lower_bound(1.0, 100, 1050, 3, 1e-5)
+    assert main(["delta", *base[:6], "--epochs", "3", "--epsilon", "1", "--sampling", "shuffle"]) == 2
+    assert "lower bound" in capsys.readouterr().err
+    assert main(["epsilon", *base, "--epochs", "0.5"]) == 2
+    assert "epochs" in capsys.readouterr().err

@@ -264,3 +264,18 @@ def test_sampling_page_section_runs_and_its_table_is_what_fdp_says() -> None:
         warnings.simplefilter("ignore")
         lower, upper = acc.get_epsilon_bounds(1e-5)
     assert (row.group(3), row.group(4)) == (f"{lower:.4g}", f"{upper:.4g}")
+
+
+def test_tiny_noise_gives_a_number_not_a_crash() -> None:
+    """Red team: s = 0.01 made the add direction's optimistic cells nan far above its support
+    (0 * inf on a grid of spacing 15), and the merge raised ZeroDivisionError."""
+    step = fdp.SampledWithoutReplacement(fdp.Gaussian(noise_multiplier=0.01), sample_size=1, dataset_size=3)
+    lower, upper = fdp.PLDAccountant().compose(step).get_epsilon_bounds(1e-5)
+    assert 0 < lower <= upper < math.inf
+
+
+def test_loss_cells_refuse_a_nan() -> None:
+    from fdp.pld.cells import Grid, LossCells
+
+    with pytest.raises(ValueError, match="nan"):
+        LossCells(grid=Grid(h=1.0, offset=0, n=2), p_cell=np.array([0.5, 0.5]), u_cell=np.array([0.0, np.nan]))

@@ -162,6 +162,9 @@ def _fixed_structure(args: argparse.Namespace, sigma: float, r: int | None):
     import fdp
 
     scheme = args.sampling
+    if scheme == "shuffle":
+        raise UsageError("--sampling shuffle has only a lower bound on epsilon: use fdp epsilon (no upper "
+                         "bound on epsilon or delta is known for shuffled batches)")
     if args.mechanism != "gaussian":
         raise UsageError(f"--sampling {scheme} is accounted for --mechanism gaussian only; "
                          f"got --mechanism {args.mechanism}")

@@ -136,6 +136,9 @@ def _calibrate_scheme(args, target: float, delta: float) -> tuple[dict[str, Any]
     import fdp
 
     scheme = args.sampling
+    if scheme == "shuffle":
+        raise UsageError("--sampling shuffle has only a lower bound on epsilon, so nothing can be calibrated "
+                         "to a target: calibrate --sampling poisson or random_allocation and train that way")
     if args.mechanism != "gaussian" or args.sampling_rate is not None or args.steps is not None or None in (
             args.batch_size, args.dataset_size):
         raise UsageError(f"--sampling {scheme} calibrates --mechanism gaussian from --batch-size and "

@@ -16,11 +16,38 @@ def cmd_epsilon(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from fdp._validation import check_delta
 
     delta = check_delta(args.delta, "--delta")
+    if args.sampling == "shuffle":
+        return _shuffled(args, delta)
     acc, setting = accountant_of(args)
     lo, hi = acc.get_epsilon_bounds(delta)
     text = (f"epsilon in [{lo:.6g}, {hi:.6g}] at delta={delta:g} (certified lower and upper bounds; "
             f"report the upper)\n{setting_line(setting)}")
     return {"lower": lo, "upper": hi, "delta": delta, **setting}, text
+
+
+def _shuffled(args: argparse.Namespace, delta: float) -> tuple[dict[str, Any], str]:
+    """--sampling shuffle: the certified lower bound only (fdp.shuffled_lower_bound)."""
+    import fdp
+
+    if args.mechanism != "gaussian" or args.sampling_rate is not None or args.steps is not None or None in (
+            args.batch_size, args.dataset_size, args.epochs):
+        raise UsageError("--sampling shuffle needs --mechanism gaussian with --batch-size, --dataset-size and "
+                         "--epochs (not --sampling-rate/--steps)")
+    sigma = sigma_of(args)
+    # a lower bound counts only the whole epochs run (a partial one can only add to it)
+    epochs = math.floor(args.epochs) if isinstance(args.epochs, float) and math.isfinite(args.epochs) else args.epochs
+    names = {"noise_multiplier": "--noise-multiplier", "batch_size": "--batch-size",
+             "dataset_size": "--dataset-size", "epochs": "--epochs"}
+    try:
+        lower = fdp.shuffled_lower_bound(sigma, args.batch_size, args.dataset_size, epochs, delta)
+    except ValueError as err:
+        raise flag_error(err, names) from None
+    setting = {"mechanism": "gaussian", "noise_multiplier": sigma, "sampling": "shuffle",
+               "batch_size": args.batch_size, "dataset_size": args.dataset_size, "epochs": epochs}
+    text = (f"epsilon >= {lower:.6g} at delta={delta:g} (a certified LOWER bound: shuffled batches have no "
+            "known upper bound; train on Poisson or random-allocation batches to certify one)\n"
+            f"{setting_line(setting)}")
+    return {"lower": lower, "upper": None, "delta": delta, **setting}, text
 
 
 def cmd_delta(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

@@ -52,13 +52,15 @@ def build_parser() -> _Parser:
                      epilog="Every bound printed is certified (docs/accountant.md).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sampling = argparse.ArgumentParser(add_help=False)
-    sampling.add_argument("--sampling", choices=("poisson", "random_allocation", "without_replacement"),
+    sampling.add_argument("--sampling", choices=("poisson", "random_allocation", "without_replacement", "shuffle"),
                           default="poisson",
                           help="how batches are drawn: poisson (each example kept with probability B/N at "
                                "every step), random_allocation (each example in exactly one of the "
-                               "ceil(N/B) steps of every epoch) or without_replacement (exactly B examples "
-                               "per step; epsilon for replacing one example); the last two with "
-                               "--batch-size, --dataset-size, --epochs (default: %(default)s)")
+                               "ceil(N/B) steps of every epoch), without_replacement (exactly B examples "
+                               "per step; epsilon for replacing one example) or shuffle (a permutation per "
+                               "epoch cut into batches of B; epsilon only: a certified LOWER bound, no upper "
+                               "bound is known); all but poisson with --batch-size, --dataset-size, --epochs "
+                               "(default: %(default)s)")
     p = sub.add_parser("epsilon", parents=[common, jl, sampling], help="certified bounds on epsilon at --delta")
     p.add_argument("--delta", type=float, required=True)
     p = sub.add_parser("delta", parents=[common, jl, sampling], help="certified bounds on delta at --epsilon")

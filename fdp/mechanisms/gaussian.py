@@ -102,8 +102,12 @@ def subsampled_gaussian_cells(
         l1 = log_norm_cells(t - mu)
         p_cell = np.exp(lp)
         # u = P - e^ell Q = P (1 - (1-p) e^ell) - p e^ell N(mu,1)(cell)
-        one_minus = -np.expm1(log1mp + ell[:-1]) if p < 1.0 else np.ones(ell.size - 1)
-        u_cell = p_cell * one_minus - np.exp(np.log(p) + ell[:-1] + l1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            one_minus = -np.expm1(log1mp + ell[:-1]) if p < 1.0 else np.ones(ell.size - 1)
+            u_cell = p_cell * one_minus - np.exp(np.log(p) + ell[:-1] + l1)
+        # a cell without P-mass has no excess; far above the support e^ell overflows and
+        # 0 * inf was nan, which crashed the optimistic merge (red team, a grid of h = 15)
+        u_cell = np.where(p_cell > 0.0, u_cell, 0.0)
         b0, an = t[0], t[-1]
         p_left = special.ndtr(-b0)
         q_left = (1.0 - p) * p_left + p * special.ndtr(mu - b0)

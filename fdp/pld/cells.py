@@ -99,6 +99,12 @@ class LossCells:
             raise ValueError(
                 f"p_cell and u_cell must have shape ({n},); got {self.p_cell.shape}, {self.u_cell.shape}"
             )
+        # a nan would pass every comparison of the discretisations unseen (or crash them);
+        # inf is left alone (an overflowing e^ell in a deficit is deliberate and safe)
+        scalars = (self.p_left, self.d_left, self.p_right, self.u_right, self.p_inf)
+        if np.isnan(self.p_cell).any() or np.isnan(self.u_cell).any() or np.isnan(scalars).any():
+            raise ValueError("a mechanism's loss cells hold a nan; this is a bug in that mechanism's "
+                             "cells, please report it with its parameters")
 
     @property
     def total_mass(self) -> float:
