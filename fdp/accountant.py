@@ -22,17 +22,14 @@ size of each discretisation's per-step error), unless given.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 
 from fdp._kernels import prefetch
 from fdp._validation import check_integer, check_real
-from fdp.mechanisms.base import Mechanism
+from fdp.mechanisms.base import RELATIONS, Mechanism
 from fdp.persistence import accountant_from_json, accountant_to_json
 from fdp.pld.cells import Direction, Grid
 from fdp.pld.capped import capped_lower_epsilon
@@ -45,6 +42,7 @@ from fdp.pld.pmf import DiscretePLD
 from fdp.pld.refinement import PassResult, delta_pass, epsilon_pass
 from fdp.pld.queries import (
     check_certifiable_delta,
+    gap_unwarned,
     reported,
     reported_delta,
     round_off_matters,
@@ -64,23 +62,10 @@ MAX_GRID_SPACING = MAX_COMPOSED_LOSS / (1000 * MAX_STEPS)
 _TILT_PASSES = 2
 
 
-#: The neighbouring relations, as errors name them.
-_RELATIONS = {"add_remove": "adding or removing one example (add_remove)",
-              "replace_one": "replacing one example (replace_one)"}
-
 #: The settings a JSON document carries (missing ones take their defaults).
 _SETTINGS = ("grid_spacing", "grid_scale", "epsilon_rtol", "max_refinements", "max_points")
 
 
-
-
-@contextlib.contextmanager
-def _gap_unwarned() -> Iterator[None]:
-    """No warning for a bracket that is wide by nature (a mechanism's ``bracket_note``: its
-    lower bound is an attack), where only the upper bound is wanted."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*accept the gap", category=UserWarning)
-        yield
 
 
 @dataclass
@@ -136,8 +121,8 @@ class PLDAccountant:
         steps = check_integer("steps", steps, low=1, high=MAX_STEPS)
         if self._events and mechanism.neighboring != self.neighboring:
             raise ValueError(
-                f"mechanism is accounted for neighbouring data sets that differ by {_RELATIONS[mechanism.neighboring]}, "
-                f"but this accountant already holds mechanisms for {_RELATIONS[self.neighboring]}: one epsilon "
+                f"mechanism is accounted for neighbouring data sets that differ by {RELATIONS[mechanism.neighboring]}, "
+                f"but this accountant already holds mechanisms for {RELATIONS[self.neighboring]}: one epsilon "
                 f"cannot hold for both relations. Account them in separate accountants; got {mechanism!r}")
         if self._events and self._events[-1][0] == mechanism:
             self._events[-1] = (mechanism, self._events[-1][1] + steps)
@@ -179,7 +164,7 @@ class PLDAccountant:
     # ---------------------------------------------------------------- queries
     def get_epsilon(self, delta: float) -> float:
         """Certified upper bound on epsilon at ``delta`` (both directions)."""
-        with _gap_unwarned():  # only the upper bound was asked for
+        with gap_unwarned():  # only the upper bound was asked for
             return self.get_epsilon_bounds(delta)[1]
 
     def get_epsilon_bounds(self, delta: float) -> tuple[float, float]:
@@ -263,7 +248,7 @@ class PLDAccountant:
 
     def get_delta(self, epsilon: float) -> float:
         """Certified upper bound on delta at ``epsilon``."""
-        with _gap_unwarned():
+        with gap_unwarned():
             return self.get_delta_bounds(epsilon)[1]
 
     def get_delta_bounds(self, epsilon: float) -> tuple[float, float]:

@@ -24,13 +24,17 @@ from typing import Any, ClassVar
 from fdp._validation import format_value
 from fdp.pld.cells import Direction, Grid, LossCells
 
-__all__ = ["MAX_STEP_LOSS", "Mechanism", "register_mechanism", "mechanism_from_dict"]
+__all__ = ["MAX_STEP_LOSS", "RELATIONS", "Mechanism", "register_mechanism", "mechanism_from_dict"]
 
 #: Largest privacy loss of one step that mechanisms accept (Laplace: 1 / scale,
 #: Gaussian: 1 / (2 noise_multiplier^2), randomized response: epsilon): the planner's
 #: float64 limit on a composition (fdp.pld.plan.MAX_COMPOSED_LOSS = 1e306) leaves room
 #: for 10^6 such steps; beyond, e^{-loss}, loss^2 and the grid overflow.
 MAX_STEP_LOSS = 1e300
+
+#: The neighbouring relations (:attr:`Mechanism.neighboring`), as errors name them.
+RELATIONS = {"add_remove": "adding or removing one example (add_remove)",
+             "replace_one": "replacing one example (replace_one)"}
 
 _REGISTRY: dict[str, type["Mechanism"]] = {}
 

@@ -3,9 +3,11 @@ the FFT round-off calls for a tilted pass, and the warning for a wide bracket.""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -18,6 +20,7 @@ __all__ = [
     "EPSILON_ATOL",
     "MIN_DELTA",
     "check_certifiable_delta",
+    "gap_unwarned",
     "reported",
     "reported_delta",
     "round_off_epsilon_shift",
@@ -136,6 +139,15 @@ def widening_advice(stopped_by: str | None, *, grid_spacing: float | None, max_r
 
 
 _PASS_IT_ON = ", passed as accountant= to fdp_tf.PrivacyCallback, fdp.dpsgd or fdp.calibrate_noise_multiplier"
+
+
+@contextlib.contextmanager
+def gap_unwarned() -> Iterator[None]:
+    """No warning for a bracket that is wide by nature (a mechanism's ``bracket_note``: its
+    lower bound is an attack), where only the upper bound is wanted."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*accept the gap", category=UserWarning)
+        yield
 
 
 def reported(lo: float, hi: float, delta: float, rtol: float, advice: str) -> tuple[float, float]:
