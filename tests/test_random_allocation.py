@@ -237,3 +237,10 @@ def test_epoch_tradeoff_is_symmetric_and_below_the_remove_pair_curve() -> None:
     remove = fdp.PiecewiseLinearCurve.from_privacy_loss_atoms(losses, masses, p_inf)
     assert np.all(f(alpha) <= remove(alpha) + 1e-12) and np.all(f(alpha) <= remove.inverse()(alpha) + 1e-12)
     assert f(np.array([0.7]))[0] < remove(np.array([0.7]))[0]  # strictly below where the two differ
+
+
+def test_a_lattice_that_cannot_fit_is_refused_at_construction() -> None:
+    """Red team: sigma 0.46 at t = 2 passed the estimated plan, then the first query raised
+    'needs a lattice of 13107200 points'; near the limit the real window now decides."""
+    with pytest.raises(ValueError, match="noise_multiplier=0.46 is too small"):
+        _epoch(0.46, 2)

@@ -52,7 +52,7 @@ from fdp.pld.compose import recompute_low_frequencies
 from fdp.pld.roundoff import U, composition_entry_error, composition_l2_error, spectrum_error_terms
 
 __all__ = ["EpochLattice", "epoch_lattice", "loss_error", "optimistic_atoms", "pessimistic_atoms",
-           "MAX_LATTICE_POINTS"]
+           "MAX_LATTICE_POINTS", "lattice_points"]
 
 #: Largest lattice (FFT length) built: ~8.4e6 points, ~0.5 GiB of work arrays.
 MAX_LATTICE_POINTS = 2**23
@@ -202,6 +202,12 @@ def _power_product(factors: list[tuple[_Spectrum, int]], n: int) -> tuple[np.nda
             float(np.linalg.norm(full)) * (1 + 4 * U * math.sqrt(n)), flushed)
     error = min(composition_l2_error(*args), composition_entry_error(*args))
     return full, error
+
+
+def lattice_points(law: TermLaw, steps: int) -> int:
+    """The FFT length :func:`epoch_lattice` will use for ``law`` and ``steps``."""
+    lo, hi = _Chernoff.of(law, steps).window(WRAP_TAIL)
+    return scipy.fft.next_fast_len(hi - lo, real=True)
 
 
 def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS) -> EpochLattice:

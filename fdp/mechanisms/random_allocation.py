@@ -29,8 +29,8 @@ from scipy import special
 
 from fdp._validation import check_integer, format_value
 from fdp.mechanisms._atoms import RANGE_MARGIN, atom_cells
-from fdp.mechanisms.allocation_lattice import (MAX_LATTICE_POINTS, TAIL, EpochLattice, epoch_lattice, loss_error,
-                                               optimistic_atoms, pessimistic_atoms)
+from fdp.mechanisms.allocation_lattice import (MAX_LATTICE_POINTS, TAIL, EpochLattice, epoch_lattice,
+                                               lattice_points, loss_error, optimistic_atoms, pessimistic_atoms)
 from fdp.mechanisms.allocation_terms import gaussian_term_law
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict, register_mechanism
 from fdp.mechanisms.gaussian import Gaussian
@@ -146,23 +146,57 @@ class RandomAllocation(Mechanism):
                    selected=data.get("selected", 1))
 
 
+@functools.lru_cache(maxsize=16)
 def _plan(mu: float, steps: int) -> tuple[float, int]:
     """(lattice spacing, classes per term) for one epoch: spacing SPACING_PER_SD of the sd
-    of S / t, coarser if the lattice would not fit; the top class where P1(W >= top) <= TAIL."""
-    sd = math.sqrt(math.expm1(min(mu * mu, 700.0)) / steps)
-    z = -float(special.ndtri(TAIL))
-    log_top = mu * mu / 2 + mu * z  # W at the point where P1's upper tail is TAIL
-    if log_top > 700:
-        raise ValueError(_too_small(mu, steps))
-    top = math.exp(log_top)
-    spacing = sd * SPACING_PER_SD
+    of S / t, coarser if the lattice would not fit; the top class where P1(W >= top) <= TAIL.
+
+    The span is estimated; near the limit the real window (the term law's Chernoff window,
+    which the lattice will use) decides, so that a lattice that cannot fit is refused here
+    and not at the first query (red team: sigma 0.5 at t = 2 passed, then failed)."""
+    spacing, classes = _estimated_plan(mu, steps)
+    for _ in range(4):
+        if _estimated_points(mu, steps, spacing) < 0.3 * MAX_LATTICE_POINTS:  # far from the limit
+            return spacing, classes
+        points = lattice_points(gaussian_term_law(mu, spacing, classes), steps)
+        if points <= MAX_LATTICE_POINTS:
+            return spacing, classes
+        spacing *= 1.05 * points / MAX_LATTICE_POINTS
+        if spacing > _sd(mu, steps) * COARSEST_SPACING_PER_SD:
+            break
+        classes = _classes(mu, spacing)
+    raise ValueError(_too_small(mu, steps))
+
+
+def _sd(mu: float, steps: int) -> float:
+    """sd of one epoch's likelihood ratio S / t under Q."""
+    return math.sqrt(math.expm1(min(mu * mu, 700.0)) / steps)
+
+
+def _log_top(mu: float) -> float:
+    return mu * mu / 2 - mu * float(special.ndtri(TAIL))  # W where P1's upper tail is TAIL
+
+
+def _classes(mu: float, spacing: float) -> int:
+    return int(math.ceil(math.exp(_log_top(mu)) / spacing)) + 1
+
+
+def _estimated_points(mu: float, steps: int, spacing: float) -> float:
     # the window of M spans about top + 16 sd(S) in units of S (the Chernoff edges, generously)
-    span = top + 16 * sd * steps + steps
-    if span / spacing > 0.9 * MAX_LATTICE_POINTS:
-        spacing = span / (0.9 * MAX_LATTICE_POINTS)
+    return (math.exp(_log_top(mu)) + 16 * _sd(mu, steps) * steps + steps) / spacing
+
+
+def _estimated_plan(mu: float, steps: int) -> tuple[float, int]:
+    if _log_top(mu) > 700:
+        raise ValueError(_too_small(mu, steps))
+    sd = _sd(mu, steps)
+    spacing = sd * SPACING_PER_SD
+    points = _estimated_points(mu, steps, spacing)
+    if points > 0.9 * MAX_LATTICE_POINTS:
+        spacing *= points / (0.9 * MAX_LATTICE_POINTS)
     if spacing > sd * COARSEST_SPACING_PER_SD:
         raise ValueError(_too_small(mu, steps))
-    return spacing, int(math.ceil(top / spacing)) + 1
+    return spacing, _classes(mu, spacing)
 
 
 def _too_small(mu: float, steps: int) -> str:
