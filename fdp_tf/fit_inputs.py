@@ -78,6 +78,10 @@ def plan_fit(x: Any, y: Any, batch_size: int | None, kwargs: dict[str, Any],
         if not isinstance(sampling, SAMPLINGS):
             raise ValueError("sampling must be an fdp_tf.PoissonSampling, RandomAllocationSampling or "
                              f"WithoutReplacementSampling; got {type(sampling).__name__}")
+        drawn = sampling_of(x)
+        if drawn is not None and drawn != sampling:  # red team: the registry was overridden silently
+            raise ValueError(f"x was drawn by fdp_tf's sampler as {drawn}; sampling={sampling} contradicts "
+                             "it: leave sampling out, fit reads it from the dataset")
         if _array_rows(x) is not None:  # Keras would cut them into fixed batches
             raise ValueError(
                 "sampling= is for a dataset or generator you draw yourself; fit draws arrays as "

@@ -84,9 +84,19 @@ class LedgerFit:
         """Keras ``train_on_batch``; its steps are booked at sampling rate 1 (warned) unless
         :meth:`open_segment` said how the batches are drawn."""
         booking = booking_of(getattr(self, "optimizer", None))
-        if booking is not None:
-            booking.warn_if_unknown()
-        return super().train_on_batch(*args, **kwargs)
+        fitting = getattr(self, "_fdp_fit_sampling", None)
+        if booking is None or fitting is None:
+            if booking is not None:
+                booking.warn_if_unknown()
+            return super().train_on_batch(*args, **kwargs)
+        # inside fit (a callback): its batch is not fit's sampling (red team: it was booked
+        # at fit's rate, with no warning); rate 1, then fit's sampling again
+        booking.open(None)
+        booking.warn_if_unknown()
+        try:
+            return super().train_on_batch(*args, **kwargs)
+        finally:
+            booking.open(fitting[0])
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any,
             sampling: Any = None, **kwargs: Any) -> Any:
@@ -127,7 +137,8 @@ class LedgerFit:
         x, y, batch_size, kwargs = plan.x, plan.y, plan.batch_size, plan.kwargs
         booking = booking_of(optimizer)
         if booking is not None:
-            check_relation(self._odometer.segments(), plan.sampling)  # before a step is run
+            check_relation(self._odometer.segments(), plan.sampling)  # before anything changes
+            booking.check(plan.sampling)
             self._set_expected_batch_size(optimizer, plan.expected_batch_size, strict=plan.sampling is not None)
             booking.open(plan.sampling, warned=plan.sampling is None)  # plan_fit warned
         replicas = self.distribute_strategy.num_replicas_in_sync
@@ -141,9 +152,11 @@ class LedgerFit:
             callbacks.append(WatchFirstStep(watch))
         if watch is not None:
             callbacks.append(ReportFallbacks(self.fallback_tracker))
+        self._fdp_fit_sampling = (plan.sampling,) if booking is not None else None
         try:
             return super().fit(x, y, batch_size, callbacks=callbacks, **kwargs)
         finally:
+            self._fdp_fit_sampling = None
             if booking is not None:
                 booking.open(None)  # fit's sampling ends with it
             self._odometer.sync(self.dp_ledger)
@@ -168,6 +181,7 @@ class LedgerFit:
         booking = booking_of(optimizer)
         if booking is not None:
             check_relation(self._odometer.segments(), sampling)
+            booking.check(sampling)
             self._set_expected_batch_size(optimizer, sampling.expected_batch_size, strict=True)
             booking.open(sampling)
 

@@ -110,17 +110,22 @@ class Booking:
                 "counter: call them outside tf.function"
             )
         self._check_mechanism()
+        template = self._template(sampling)  # may refuse: before any state changes (red team)
         now, current = self.released, self._current
         current.done, current.base = _charged(current.segment, current.done + now - (current.base or 0)), None
         if current.done == 0:
             self._entries.remove(current)
-        template = self._template(sampling)
         last = self._entries[-1] if self._entries else None
         if last is not None and last.vouched == (sampling is not None) and _same_settings(last.segment, template):
             last.base, self._current = now, last  # the same settings again: continue it
         else:
             self._current = self._start(sampling, base=now)
         self._current.warned = self._current.warned or warned
+
+    def check(self, sampling: Any) -> None:
+        """Refuse a sampling this optimizer cannot be booked at (DP-SGD-JL on random
+        allocation or fixed-size batches), changing nothing."""
+        self._template(sampling)
 
     def segments(self) -> list[Segment]:
         """The segments with at least one step (warns once for steps of unknown sampling).

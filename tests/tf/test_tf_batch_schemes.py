@@ -179,3 +179,53 @@ def test_the_sampling_page_keras_block_runs() -> None:
     assert [line.split(":")[0] for line in lines] == ["poisson", "random allocation", "without replacement"]
     assert "30 steps booked as random_allocation" in lines[1]
     assert "30 steps booked as without_replacement" in lines[2]
+
+
+def test_a_refused_sampling_changes_nothing_and_later_steps_are_booked() -> None:
+    """Red team: the refusal came after the current segment was closed, and every later step
+    (train_on_batch, 20 of them) was booked nowhere; the optimizer's B was changed too."""
+    x, y = dense_data(n=64)
+    jl = _model(fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, jl_projections=2))
+    with pytest.raises(ValueError, match="exact clipping"):
+        jl.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=4), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="exact clipping"):
+        jl.open_segment(fdp_tf.WithoutReplacementSampling(64, 16))
+    assert jl.optimizer.expected_batch_size is None
+    jl.optimizer.expected_batch_size = 16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fdp_tf.SamplingWarning)
+        for _ in range(3):
+            jl.train_on_batch(x[:16], y[:16])
+    assert jl.ledger.steps == 3 and jl.ledger.segments[0].sampling_rate == 1.0
+
+
+def test_train_on_batch_inside_fit_is_not_booked_at_fits_sampling() -> None:
+    """Red team: a callback's train_on_batch during fit was booked under fit's sampling (here
+    random allocation, whole epochs), with no warning; it is a batch nothing vouches for."""
+    import keras
+
+    x, y = dense_data(n=64)
+    model = _model()
+
+    class Extra(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            for _ in range(2):
+                self.model.train_on_batch(x[:8], y[:8])
+
+    with pytest.warns(fdp_tf.SamplingWarning):
+        model.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=8), epochs=2, verbose=0,
+                  callbacks=[Extra()])
+    by_scheme = {}
+    for segment in model.ledger.segments:
+        by_scheme[segment.sampling, segment.sampling_rate] = by_scheme.get(
+            (segment.sampling, segment.sampling_rate), 0) + segment.steps
+    assert by_scheme == {("random_allocation", 0.125): 16, ("poisson", 1.0): 4}
+
+
+def test_sampling_that_contradicts_the_sampler_is_refused() -> None:
+    x, y = dense_data(n=64)
+    model = _model()
+    with pytest.raises(ValueError, match="contradicts"):
+        model.fit(fdp_tf.without_replacement_batches(x, y, batch_size=16), verbose=0,
+                  sampling=fdp_tf.PoissonSampling(num_examples=64, expected_batch_size=16))
+    assert model.ledger.steps == 0
