@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, optimize, special
 
@@ -31,8 +31,13 @@ import fdp
 _NORMAL = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+def _log_rest(p: float) -> float:
+    """log(1 - p); -inf at p = 1 (the full batch)."""
+    return math.log1p(-p) if p < 1 else -math.inf
+
+
 def _remove_loss(x: float, mu: float, p: float) -> float:
-    return float(np.logaddexp(math.log1p(-p), math.log(p) + mu * x - mu * mu / 2))
+    return float(np.logaddexp(_log_rest(p), math.log(p) + mu * x - mu * mu / 2))
 
 
 def _x_at(loss: float, mu: float, p: float) -> float:
@@ -63,7 +68,7 @@ def _two_steps_c(eps: float, mu: float, p: float) -> float:
         return _NORMAL * math.exp(-x * x / 2) * _profile_c(eps + _remove_loss(x, mu, p), mu, p)
 
     kink = max(_x_at(eps, mu, p), half)  # where eps - L crosses 0 and the profile switches branch
-    kw = dict(epsabs=1e-14, epsrel=1e-12, limit=400)
+    kw = dict(epsabs=0.0, epsrel=1e-13, limit=1000)  # relative: delta may be ~1e-19
     total = atom * _profile_c(eps, mu, p)
     total += integrate.quad(positive, half, kink, **kw)[0] + integrate.quad(positive, kink, half + 40, **kw)[0]
     return total + integrate.quad(negative, half, half + 40, **kw)[0]
@@ -73,7 +78,7 @@ def _two_steps_real(eps: float, mu: float, p: float) -> float:
     shift = mu / 2
 
     def log_density(y: float, centre: float) -> float:
-        return float(np.logaddexp(math.log1p(-p) - y * y / 2, math.log(p) - (y - centre) ** 2 / 2))
+        return float(np.logaddexp(_log_rest(p) - y * y / 2, math.log(p) - (y - centre) ** 2 / 2))
 
     def loss(y: float) -> float:  # increasing in y
         return log_density(y, shift) - log_density(y, -shift)
@@ -92,7 +97,7 @@ def _two_steps_real(eps: float, mu: float, p: float) -> float:
     def outer(x: float) -> float:
         return _NORMAL * math.exp(log_density(x, shift)) * excess(eps - loss(x))
 
-    return integrate.quad(outer, -40, 40, epsabs=1e-14, epsrel=1e-12, limit=400)[0]
+    return integrate.quad(outer, -40, 40, epsabs=0.0, epsrel=1e-13, limit=1000)[0]
 
 
 def _step(mu: float, sample_size: int, dataset_size: int) -> fdp.SampledWithoutReplacement:
@@ -128,6 +133,8 @@ def test_two_steps_bracket_the_references(mu: float, b: int, n: int, eps: float)
 
 @settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mu=st.floats(0.3, 4.0), b=st.integers(1, 20), eps=st.floats(0.0, 3.0))
+@example(mu=1.0, b=20, eps=0.0)  # the search's: B = N (the references' log(1 - p) at p = 1)
+@example(mu=0.5, b=1, eps=1.5)  # the search's: delta 5e-19, below the references' old absolute tolerance
 def test_no_bracket_on_the_wrong_side(mu: float, b: int, eps: float) -> None:
     p = b / 20
     guarantee = _two_steps_c(eps, mu, p)
