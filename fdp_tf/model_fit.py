@@ -16,11 +16,10 @@ import tensorflow as tf
 
 from fdp_tf.fit_inputs import plan_fit
 from fdp_tf.guards import NonTrainableWatch, ReportFallbacks, WatchFirstStep
-from fdp_tf.ledger import MAX_SEGMENTS, PrivacyLedger, empty_table
+from fdp_tf.ledger import MAX_SEGMENTS, PrivacyLedger, check_relation, empty_table
 from fdp_tf.odometer import booking_of
 from fdp_tf.optimizers import DPOptimizer
 from fdp_tf.batch_schemes import RandomAllocationSampling, WithoutReplacementSampling
-from fdp_tf.ledger import check_relation
 from fdp_tf.sampling import PoissonSampling, pad_to_replicas
 
 __all__ = ["LedgerFit"]
