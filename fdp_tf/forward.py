@@ -23,6 +23,8 @@ __all__ = [
     "check_forward",
     "raw_variables",
     "record_forward",
+    "stand_in_row",
+    "trim_to_rows",
 ]
 
 ZERO = tf.UnconnectedGradients.ZERO
@@ -105,3 +107,58 @@ def check_forward(forward: ForwardPass) -> None:
             "ForwardPass.per_example_losses must have shape [batch]; got shape "
             f"{forward.per_example_losses.shape}"
         )
+
+
+def _dense_leaves(structure: Any) -> list[tf.Tensor] | None:
+    """The leaves of ``structure`` as dense tensors, or ``None`` if one is ragged or sparse."""
+    leaves = [t for t in tf.nest.flatten(structure) if t is not None]
+    if any(isinstance(t, (tf.RaggedTensor, tf.SparseTensor)) for t in leaves):
+        return None
+    return [tf.convert_to_tensor(t) for t in leaves]
+
+
+def stand_in_row(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any, tf.Tensor | None]:
+    """``(x, y, sample_weight, rows)``, with one all-zero row standing in for an empty batch.
+
+    Poisson sampling and random allocation draw empty batches, and some TensorFlow
+    kernels crash on a batch of zero rows (a dilated ``Conv2D``'s bias add). A private
+    step on an empty batch must release the noise alone, so the model runs on one
+    data-independent row of zeros whose loss the caller multiplies by 0
+    (:meth:`fdp_tf.PrivateModel.private_gradients`): its clipped term is 0 and nothing of
+    it is released. Each leaf is ``concat([t, zeros(1, ...)])[:max(rows, 1)]``: shapes
+    XLA can compile, and the batch itself when it has a row. ``rows`` is the batch's row
+    count, ``None`` (nothing changed) when an input is ragged or sparse.
+    """
+    leaves = _dense_leaves(x)
+    if not leaves or _dense_leaves((y, sample_weight)) is None:
+        return x, y, sample_weight, None
+    rows = tf.shape(leaves[0])[0]
+    keep = tf.maximum(rows, 1)
+
+    def pad(t: Any) -> Any:
+        if t is None:
+            return None
+        t = tf.convert_to_tensor(t)
+        if t.shape.rank == 0:
+            return t
+        zero = tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
+        return tf.concat([t, zero], 0)[:keep]
+
+    return (tf.nest.map_structure(pad, x), tf.nest.map_structure(pad, y),
+            None if sample_weight is None else pad(sample_weight), rows)
+
+
+def trim_to_rows(result: PrivateGradient, rows: tf.Tensor | None) -> PrivateGradient:
+    """``result`` with its per-example parts cut back to the batch's ``rows`` (drops the
+    row :func:`stand_in_row` added to an empty batch; the gradients are not per example)."""
+    if rows is None:
+        return result
+
+    def cut(t: Any) -> Any:
+        return t[:rows] if isinstance(t, tf.Tensor) and t.shape.rank else t
+
+    forward = result.forward
+    forward = ForwardPass(cut(forward.per_example_losses), forward.regularization,
+                          tf.nest.map_structure(cut, forward.outputs))
+    return PrivateGradient(result.gradients, forward, cut(result.norms), cut(result.clip_factors),
+                           result.dropped, result.fallbacks)

@@ -32,7 +32,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fdp_tf.forward import ForwardPass, PrivateGradient
+from fdp_tf.forward import ForwardPass, PrivateGradient, stand_in_row, trim_to_rows
 from fdp_tf.guards import refuse_multiple_outputs, refuse_unsupported_layers, refuse_xla_through_loops
 from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, empty_table
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
@@ -186,11 +186,17 @@ class PrivateModel(LedgerFit, keras.Model):
         reg = self._regularization()
         return total if reg is None else total + tf.cast(reg, total.dtype)
 
-    def forward_pass(self, x: Any, y: Any, sample_weight: Any = None) -> ForwardPass:
-        """Run the model in training mode and return per-example losses (one pass)."""
+    def forward_pass(self, x: Any, y: Any, sample_weight: Any = None,
+                     rows: tf.Tensor | None = None) -> ForwardPass:
+        """Run the model in training mode and return per-example losses (one pass).
+
+        ``rows``: the batch's row count before :func:`fdp_tf.forward.stand_in_row`; with 0,
+        the row of zeros standing in gets loss 0 (so gradient 0, released as nothing)."""
         y_pred = self(x, training=True)
         refuse_multiple_outputs(self.base_model, y_pred)
         losses = one_loss_per_row(self.per_example_loss(y, y_pred, sample_weight), x)
+        if rows is not None:
+            losses = tf.where(rows > 0, losses, tf.zeros_like(losses))
         return ForwardPass(losses, self._regularization(), y_pred)
 
     # -- steps -------------------------------------------------------------------
@@ -233,16 +239,24 @@ class PrivateModel(LedgerFit, keras.Model):
         optimizer = self.optimizer
         if not isinstance(optimizer, DPOptimizer):
             raise ValueError(f"private_gradients needs a DP optimizer; compiled with {type(optimizer).__name__}")
-        return optimizer.compute_private_gradients(
-            lambda: self.forward_pass(x, y, sample_weight), self.trainable_variables, model=self.base_model,
-            forward_on_rows=lambda keep: self._forward_on_rows(keep, x, y, sample_weight),
-            forward_on_indices=lambda rows: self._forward_on_indices(rows, x, y, sample_weight),
+        # an empty batch runs the model on a row of zeros whose loss is multiplied by 0:
+        # the step releases the noise alone (some CPU kernels crash on zero rows). XLA runs
+        # zero rows itself, and aborts on the stand-in's value-dependent shape.
+        rows = None
+        if not getattr(self, "jit_compile", False):
+            x, y, sample_weight, rows = stand_in_row(x, y, sample_weight)
+        result = optimizer.compute_private_gradients(
+            lambda: self.forward_pass(x, y, sample_weight, rows), self.trainable_variables, model=self.base_model,
+            forward_on_rows=lambda keep: self._forward_on_rows(keep, x, y, sample_weight, rows),
+            forward_on_indices=lambda picked: self._forward_on_indices(picked, x, y, sample_weight, rows),
         )
+        return trim_to_rows(result, rows)
 
-    def _forward_on_indices(self, rows: tf.Tensor, x: Any, y: Any, sample_weight: Any) -> ForwardPass:
-        pick = lambda t: None if t is None else tf.gather(t, rows)  # noqa: E731
+    def _forward_on_indices(self, picked: tf.Tensor, x: Any, y: Any, sample_weight: Any,
+                            rows: tf.Tensor | None = None) -> ForwardPass:
+        pick = lambda t: None if t is None else tf.gather(t, picked)  # noqa: E731
         return self.forward_pass(
-            tf.nest.map_structure(pick, x), tf.nest.map_structure(pick, y), pick(sample_weight)
+            tf.nest.map_structure(pick, x), tf.nest.map_structure(pick, y), pick(sample_weight), rows
         )
 
     def _build_from(self, x: Any) -> None:
@@ -278,10 +292,11 @@ class PrivateModel(LedgerFit, keras.Model):
             self.train_function = guarded_train_function(self.train_function, self)
         return self.train_function
 
-    def _forward_on_rows(self, keep: tf.Tensor, x: Any, y: Any, sample_weight: Any) -> ForwardPass:
+    def _forward_on_rows(self, keep: tf.Tensor, x: Any, y: Any, sample_weight: Any,
+                         rows: tf.Tensor | None = None) -> ForwardPass:
         pick = lambda t: None if t is None else tf.boolean_mask(t, keep)  # noqa: E731
         return self.forward_pass(
-            tf.nest.map_structure(pick, x), tf.nest.map_structure(pick, y), pick(sample_weight)
+            tf.nest.map_structure(pick, x), tf.nest.map_structure(pick, y), pick(sample_weight), rows
         )
 
     def test_step(self, data: Any) -> dict[str, Any]:

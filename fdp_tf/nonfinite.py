@@ -75,12 +75,14 @@ def without_nonfinite_examples(
         retry = rerun(keep)
         dropped = tf.cast(retry.dropped, tf.int32) + tf.reduce_sum(tf.cast(tf.logical_not(keep), tf.int32))
         # the retry's norms and factors, back at their rows of the whole batch: a dropped
-        # row has norm NaN (none was computed) and factor 0
-        rows = tf.cast(tf.where(keep), tf.int32)
-        norms = tf.tensor_scatter_nd_update(
-            tf.fill(tf.shape(losses), tf.constant(float("nan"), result.norms.dtype)), rows,
-            tf.cast(retry.norms, result.norms.dtype))
-        factors = tf.scatter_nd(rows, tf.cast(retry.clip_factors, result.clip_factors.dtype), tf.shape(losses))  # not keep's: XLA cannot see a cond output's shape
+        # row has norm NaN (none was computed) and factor 0. A gather from the retry's
+        # values plus one padding entry, not a scatter: XLA compiles this branch even for
+        # an empty batch, where it cannot compile a scatter into zero rows
+        at = tf.where(keep, tf.cumsum(tf.cast(keep, tf.int32)) - 1, tf.shape(retry.norms)[0])
+        norms = tf.gather(tf.concat([tf.cast(retry.norms, result.norms.dtype),
+                                     tf.constant([float("nan")], result.norms.dtype)], 0), at)
+        factors = tf.gather(tf.concat([tf.cast(retry.clip_factors, result.clip_factors.dtype),
+                                       tf.zeros([1], result.clip_factors.dtype)], 0), at)
         return list(retry.gradients), dropped, _fallbacks(retry), norms, factors
 
     grads, dropped, fallbacks, norms, factors = _cond(finite, first, again)
@@ -107,8 +109,17 @@ def single_row_check(
         return ok
 
     def check(rows: tf.Tensor, asked: tf.Tensor) -> tf.Tensor:
-        return tf.map_fn(lambda i: _cond(tf.gather(asked, i), lambda: one(i), lambda: tf.constant(False)),
-                         rows, fn_output_signature=tf.bool)
+        # a while loop or-ing into a [b] vector, not map_fn or a scatter: XLA compiles
+        # neither on an empty batch, which Poisson sampling draws
+        def body(k: tf.Tensor, out: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            i = tf.gather(rows, k)
+            ok = _cond(tf.gather(asked, i), lambda: one(i), lambda: tf.constant(False))
+            return k + 1, tf.logical_or(out, tf.logical_and(tf.equal(index, k), ok))
+
+        count = tf.shape(rows)[0]
+        index = tf.range(count)
+        return tf.while_loop(lambda k, out: k < count, body,
+                             (tf.constant(0), tf.zeros([count], tf.bool)))[1]
 
     return check
 

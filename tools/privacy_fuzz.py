@@ -102,13 +102,22 @@ def _flat(grads: Any, variables: Any) -> np.ndarray:
 
 def own_gradient(case: Case, i: int) -> np.ndarray:
     """Example i's gradient with a plain GradientTape (no fdp_tf code): on its row alone,
-    or with dropout the gradient of its loss in the whole batch (the same masks)."""
+    or with dropout the gradient of its loss in the whole batch (the same masks, so under
+    ``jit_compile`` when the step is)."""
     keras.backend.clear_session()  # many models in one process: free the old graphs
     model = case.build()
     x, y, row = (case.x, case.y, i) if case.dropout else (case.x[i:i + 1], case.y[i:i + 1], 0)
-    with tf.GradientTape() as tape:
-        loss = LOSS(y, model(x, training=True))[row]
-    return _flat(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    def gradient(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))[row]
+        return tape.gradient(loss, model.trainable_variables)
+
+    if case.dropout and case.path == "fit_jit":
+        # XLA draws dropout masks unlike eager TensorFlow (same seed, other bits): the
+        # reference must see the masks the compiled step sees (seed 3627592295)
+        gradient = tf.function(gradient, jit_compile=True)
+    return _flat(gradient(tf.constant(x), tf.constant(y)), model.trainable_variables)
 
 
 def removal_error(case: Case, term: np.ndarray, own: np.ndarray) -> tuple[float, str]:

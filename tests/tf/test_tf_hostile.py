@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("tensorflow", minversion="2.16")
 pytest.importorskip("keras", minversion="3.0")
 
+import functools
 import math
 import warnings
 
@@ -225,6 +226,49 @@ def test_vectorized_path_survives_an_empty_poisson_batch() -> None:
     # m coordinates the sample std has relative standard error 1/sqrt(2m) (~8 % here)
     noise = flat(grads)
     assert abs(noise.std() / 0.25 - 1.0) < 4.0 / np.sqrt(2 * noise.size)
+
+
+def _dilated_conv_model() -> keras.Model:
+    """A model TensorFlow cannot run on zero rows (a dilated Conv2D's bias add crashes)."""
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(2, 3, padding="same", dilation_rate=2)(inputs)
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
+
+
+@pytest.mark.parametrize(("optimizer", "path"), [
+    ("vanilla", "fit"), ("vectorized", "fit_jit"), ("jl", "fit_jit"), ("vanilla", "train_on_batch"),
+    ("jl", "private_gradients"),
+])
+def test_an_empty_batch_releases_the_noise_alone_on_every_path(optimizer: str, path: str) -> None:
+    """Poisson sampling draws empty batches: the step must release N(0, (sigma C / B)^2)
+    and nothing else, on a model whose forward pass crashes on zero rows (found by
+    tools/privacy_fuzz.py, seed 3627592303: it crashed fit, train_on_batch and custom loops;
+    under jit_compile, the non-finite check's map_fn and scatter did not compile on zero rows)."""
+    kind = {"vanilla": fdp_tf.DPSGDVanilla,
+            "vectorized": functools.partial(fdp_tf.DPSGDVanilla, per_example_method="vectorized"),
+            "jl": functools.partial(fdp_tf.DPSGDJL, jl_projections=2)}[optimizer]
+    # XLA itself cannot differentiate the dilated Conv2D on zero rows: the vectorized case
+    # under jit_compile runs a dense model (its non-finite check once failed to compile)
+    base = dense_model(inputs=64) if optimizer == "vectorized" else _dilated_conv_model()
+    model = fdp_tf.make_private(base, optimizer=kind(
+        l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=1.0), loss=CE, jit_compile=path == "fit_jit")
+    x, y = np.zeros((0, *base.input_shape[1:]), "float32"), np.zeros((0,), "int32")
+    sampling = fdp_tf.PoissonSampling(num_examples=64, expected_batch_size=4)
+    before = flat(model.trainable_variables)
+    if path.startswith("fit"):
+        model.fit(tf.data.Dataset.from_tensors((x, y)), epochs=1, verbose=0, sampling=sampling)
+    else:
+        model.open_segment(sampling)
+        if path == "train_on_batch":
+            model.train_on_batch(x, y)
+        else:
+            result = model.private_gradients(tf.constant(x), tf.constant(y))
+            assert result.forward.per_example_losses.shape[0] == 0 and result.norms.shape[0] == 0
+            model.optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
+    noise = flat(model.trainable_variables) - before  # learning rate 1: the noise itself
+    assert model.ledger.segments[-1].steps == 1
+    # sigma C / B = 1/4; over m coordinates the sample std has relative error ~1/sqrt(2m)
+    assert abs(noise.std() / 0.25 - 1.0) < 4.0 / np.sqrt(2 * noise.size), noise.std()
 
 
 class _ScanLayer(keras.layers.Layer):
