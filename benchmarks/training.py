@@ -296,7 +296,7 @@ def _plot(path: str, results: dict[str, dict[str, dict[str, Any]]]) -> None:
     print(f"wrote {path}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["imdb", "mnist"], choices=["imdb", "mnist"])
     parser.add_argument("--batch-size", type=int, default=64, help="IMDb expected batch (seed: 256)")
@@ -319,7 +319,7 @@ def main() -> None:
     parser.add_argument("--png", default="")
     parser.add_argument("--json", default="", help="write the raw results here")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_config(**json.loads(args.child))))
         return

@@ -32,7 +32,7 @@ def _seeded() -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests here marked ``slow`` run only with FDP_RUN_SLOW=1 or an explicit ``-m`` selecting them."""
+    """Seeded tests here silence the "not private" warning (slow tests: tests/conftest.py)."""
     here = os.path.dirname(__file__)
     # tests seed their optimizers and batches on purpose: silence the "not private"
     # warning there (the tests of the warning itself use pytest.warns, which still sees it)
@@ -40,9 +40,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if str(item.path).startswith(here) and tf is not None:
             item.add_marker(quiet)
-    if os.environ.get("FDP_RUN_SLOW") == "1" or "slow" in (config.option.markexpr or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: set FDP_RUN_SLOW=1 (or -m slow) to run")
-    for item in items:
-        if "slow" in item.keywords and str(item.path).startswith(here):
-            item.add_marker(skip)

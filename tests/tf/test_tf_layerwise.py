@@ -162,6 +162,7 @@ def _assert_fallback_norms_exact(model: keras.Model, x, y, reason: str) -> None:
     np.testing.assert_allclose(result.norms.numpy(), expected, rtol=1e-4)
 
 
+@pytest.mark.slow  # ~1.7 min: four traces through two LSTM loops
 def test_fit_with_layerwise_trains_the_bilstm() -> None:
     x, y = sequence_data(n=64)
     model = fdp_tf.make_private(

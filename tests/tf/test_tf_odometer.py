@@ -168,7 +168,7 @@ def test_train_on_batch_after_fit_gets_no_amplification() -> None:
 # -- the invariant, under random sequences of what users and Keras do ----------------
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_no_sequence_of_restores_lowers_the_ledger(tmp_path, seed: int) -> None:
     """Train, set_weights(old), load_weights(old file), save + load_model, recompile with
     another sigma, BackupAndRestore resume, train_on_batch, in a random order: the
