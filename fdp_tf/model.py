@@ -37,7 +37,7 @@ from fdp_tf.guards import refuse_multiple_outputs, refuse_unsupported_layers, re
 from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, empty_table
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
 from fdp_tf.model_fit import LedgerFit
-from fdp_tf.odometer import Odometer
+from fdp_tf.odometer import Odometer, armed_step, booked_as_fit
 from fdp_tf.optimizers import DPOptimizer
 from fdp_tf.probes import one_loss_per_row
 from fdp_tf.verify import guarded_train_function
@@ -201,6 +201,13 @@ class PrivateModel(LedgerFit, keras.Model):
 
     # -- steps -------------------------------------------------------------------
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``train_step`` is armed like this one (:func:`fdp_tf.odometer.armed_step`)."""
+        super().__init_subclass__(**kwargs)
+        if "train_step" in cls.__dict__:
+            cls.train_step = armed_step(cls.__dict__["train_step"])  # type: ignore[method-assign]
+
+    @armed_step
     def train_step(self, data: Any) -> dict[str, Any]:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         self._build_from(x)
@@ -289,7 +296,8 @@ class PrivateModel(LedgerFit, keras.Model):
         refuse_xla_through_loops(self.base_model, getattr(self, "optimizer", None), self.jit_compile)
         super().make_train_function(force)
         if self.train_function is not None and not getattr(self.train_function, "_fdp_guarded", False):
-            self.train_function = guarded_train_function(self.train_function, self)
+            # fit vouches for one release per step of its own loop
+            self.train_function = booked_as_fit(guarded_train_function(self.train_function, self), self)
         return self.train_function
 
     def _forward_on_rows(self, keep: tf.Tensor, x: Any, y: Any, sample_weight: Any,

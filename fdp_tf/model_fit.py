@@ -83,19 +83,11 @@ class LedgerFit:
         """Keras ``train_on_batch``; its steps are booked at sampling rate 1 (warned) unless
         :meth:`open_segment` said how the batches are drawn."""
         booking = booking_of(getattr(self, "optimizer", None))
-        fitting = getattr(self, "_fdp_fit_sampling", None)
-        if booking is None or fitting is None:
-            if booking is not None:
-                booking.warn_if_unknown()
-            return super().train_on_batch(*args, **kwargs)
-        # inside fit (a callback): its batch is not fit's sampling (red team: it was booked
-        # at fit's rate, with no warning); rate 1, then fit's sampling again
-        booking.open(None)
-        booking.warn_if_unknown()
-        try:
-            return super().train_on_batch(*args, **kwargs)
-        finally:
-            booking.open(fitting[0])
+        if booking is not None and getattr(self, "_fdp_fit_sampling", None) is None:
+            booking.warn_if_unknown()
+        # inside fit (a callback) its release is not fit's own step: booked at rate 1
+        # beside fit's segment (fdp_tf.odometer), warned when the ledger is read
+        return super().train_on_batch(*args, **kwargs)
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any,
             sampling: Any = None, **kwargs: Any) -> Any:
@@ -139,7 +131,7 @@ class LedgerFit:
             check_relation(self._odometer.segments(), plan.sampling)  # before anything changes
             booking.check(plan.sampling)
             self._set_expected_batch_size(optimizer, plan.expected_batch_size, strict=plan.sampling is not None)
-            booking.open(plan.sampling, warned=plan.sampling is None)  # plan_fit warned
+            booking.open(plan.sampling, warned=plan.sampling is None, fit=True)  # plan_fit warned
         replicas = self.distribute_strategy.num_replicas_in_sync
         if isinstance(x, tf.data.Dataset):
             kwargs.setdefault("shuffle", False)  # a dataset is not reshuffled by Keras anyway

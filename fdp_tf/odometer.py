@@ -14,6 +14,13 @@ custom ``train_step`` or loop were not counted at all. Now (issue 26):
   ``fit`` or ``open_segment`` says how the batches are drawn and closes when that ends.
   Steps outside such a context have no sampling fdp_tf can vouch for and are booked at
   rate 1 (no amplification), with a :class:`fdp_tf.SamplingWarning`.
+* ``fit`` vouches for one release per step of its own loop, and nothing else: each
+  training step (``train_step``, a subclass's too) arms a flag in the graph only while
+  Keras's ``fit`` of this model runs the training function, and the first release of the
+  step spends it on a second counter. Any other release during ``fit`` — a callback's
+  ``private_gradients``, ``train_on_batch`` or training function on rows it chose, a
+  function traced inside a step and called again elsewhere, a second release in one
+  step — is booked at rate 1, in a companion segment of fit's.
 * Every ``PrivateModel`` has an :class:`Odometer`: the bookings of every optimizer it
   was compiled with, plus every segment of every ledger table restored into it. Each
   segment has a random id. A restored row with one of the model's own ids is already
@@ -28,9 +35,11 @@ whatever it holds (a restore may have written it) and then writes the odometer i
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import secrets
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -40,7 +49,7 @@ from fdp_tf.ledger import MAX_SEGMENTS, PrivacyLedger, Segment
 from fdp_tf.sampling import PoissonSampling, SamplingWarning
 from fdp_tf.verify import raise_recorded_refusals
 
-__all__ = ["Booking", "Odometer", "booking_of"]
+__all__ = ["Booking", "Odometer", "armed_step", "booked_as_fit", "booking_of"]
 
 HOW_TO_AMPLIFY = (
     "For an amplified, certified epsilon train with fit on arrays or on "
@@ -69,6 +78,10 @@ class _Entry:
     base: int | None  # counter value when last opened; None once closed
     done: int = 0
     warned: bool = False
+    # fit's segments: the fit counter when last opened, and the rate-1 companion that
+    # books the releases made during fit outside its training function
+    fit_base: int | None = None
+    strays: "_Entry | None" = None
 
 
 class Booking:
@@ -80,9 +93,19 @@ class Booking:
 
     def __init__(self, optimizer: Any) -> None:
         self._optimizer = optimizer
-        with tf.init_scope():  # a plain (untracked) variable: no checkpoint or restore touches it
+        with tf.init_scope():  # plain (untracked) variables: no checkpoint or restore touches them
             self.counter = keras.Variable(0, dtype="int64", trainable=False, name="dp_released",
                                           aggregation="only_first_replica")
+            # the releases fit vouches for: one per step of its own loop
+            self.fit_counter = keras.Variable(0, dtype="int64", trainable=False, name="dp_released_by_fit",
+                                              aggregation="only_first_replica")
+            # 1 while Keras's fit of the model runs its training function (set on the host)
+            self.fit_running = keras.Variable(0, dtype="int64", trainable=False, name="dp_fit_running",
+                                              aggregation="only_first_replica")
+            # 1 from a step's start (if fit runs it) until its first release
+            self.fit_armed = keras.Variable(0, dtype="int64", trainable=False, name="dp_fit_armed",
+                                            aggregation="only_first_replica")
+        self.arming_depth = 0  # trace-time nesting of armed train_steps (super().train_step)
         self._entries: list[_Entry] = []
         self._current = self._start(None, base=0)
         self._mechanism = self._current.segment  # sigma, r: fixed (traced steps bake them in)
@@ -98,11 +121,22 @@ class Booking:
         if not self._current.vouched:  # eagerly, or once when the step is traced
             self._warn(self._current, None)
         self.counter.assign_add(1)
+        armed = tf.identity(self.fit_armed.value)  # read before the reset below
+        self.fit_counter.assign_add(armed)
+        with tf.control_dependencies([armed]):
+            self.fit_armed.assign(tf.zeros_like(armed))
 
-    def open(self, sampling: PoissonSampling | None, *, warned: bool = False) -> None:
+    def arm(self) -> None:
+        """At a training step's start (in the graph): its first release is fit's if fit's
+        own loop runs the step."""
+        self.fit_armed.assign(tf.identity(self.fit_running.value))
+
+    def open(self, sampling: PoissonSampling | None, *, warned: bool = False, fit: bool = False) -> None:
         """Book the next steps at ``sampling`` (``None``: unknown, rate 1); between steps.
 
         ``warned``: the caller already told the user these steps get no amplification.
+        ``fit``: only releases of fit's training function count at ``sampling``; the
+        others go to the segment's rate-1 companion.
         """
         if not tf.executing_eagerly():
             raise ValueError(
@@ -111,15 +145,26 @@ class Booking:
             )
         self._check_mechanism()
         template = self._template(sampling)  # may refuse: before any state changes (red team)
-        now, current = self.released, self._current
-        current.done, current.base = _charged(current.segment, current.done + now - (current.base or 0)), None
+        now, by_fit, current = self.released, int(self.fit_counter.numpy()), self._current
+        run, strays = self._split(current, now, by_fit)
+        current.done, current.base, current.fit_base = _charged(current.segment, current.done + run), None, None
+        if strays:
+            companion = current.strays
+            companion.done += strays
+            if companion not in self._entries:
+                self._entries.insert(self._entries.index(current), companion)
         if current.done == 0:
             self._entries.remove(current)
         last = self._entries[-1] if self._entries else None
-        if last is not None and last.vouched == (sampling is not None) and _same_settings(last.segment, template):
+        if (last is not None and last.vouched == (sampling is not None) and (last.strays is not None) == fit
+                and _same_settings(last.segment, template)):
             last.base, self._current = now, last  # the same settings again: continue it
         else:
             self._current = self._start(sampling, base=now)
+            if fit:
+                self._current.strays = _Entry(self._template(None), False, None)
+        if fit:
+            self._current.fit_base = by_fit
         self._current.warned = self._current.warned or warned
 
     def check(self, sampling: Any) -> None:
@@ -134,17 +179,36 @@ class Booking:
         loop under ``jit_compile``) that nothing has raised yet: its update was zeros,
         but the run it belongs to did not do what its code says."""
         raise_recorded_refusals(self._optimizer)
-        now, out = self.released, []
-        for entry in self._entries:
-            steps = entry.done + (_charged(entry.segment, now - entry.base) if entry.base is not None else 0)
+        now, by_fit, out = self.released, int(self.fit_counter.numpy()), []
+        current = self._current
+        run, strays = self._split(current, now, by_fit)
+        entries = list(self._entries)
+        if strays and current.strays not in entries:
+            entries.insert(entries.index(current), current.strays)
+        for entry in entries:
+            steps = entry.done + (_charged(entry.segment, run) if entry is current else 0)
+            steps += strays if entry is current.strays else 0
             if steps > 0:
                 if not entry.vouched:
                     self._warn(entry, steps)
                 out.append(dataclasses.replace(entry.segment, steps=steps))
         return out
 
+    @staticmethod
+    def _split(entry: _Entry, now: int, by_fit: int) -> tuple[int, int]:
+        """Releases of the open ``entry`` since it opened: (booked at its sampling, strays
+        at rate 1). For fit, only its training function's releases are its own."""
+        if entry.base is None:
+            return 0, 0
+        total = now - entry.base
+        if entry.fit_base is None:
+            return total, 0
+        own = by_fit - entry.fit_base
+        return own, total - own
+
     def ids(self) -> set[int]:
-        return {entry.segment.segment_id for entry in self._entries}
+        ids = {entry.segment.segment_id for entry in self._entries}
+        return ids | {entry.strays.segment.segment_id for entry in self._entries if entry.strays is not None}
 
     def warn_if_unknown(self) -> None:
         """Warn now (once per segment) if the next steps have no known sampling."""
@@ -207,6 +271,48 @@ def _charged(segment: Segment, steps: int) -> int:
 def booking_of(optimizer: Any) -> Booking | None:
     """The booking of a DP optimizer; ``None`` for any other optimizer."""
     return getattr(optimizer, "_dp_booking", None)
+
+
+def booked_as_fit(function: Callable[[Any], Any], model: Any) -> Callable[[Any], Any]:
+    """Keras's training function of ``model``: while Keras's ``fit`` of this model calls
+    it (its own loop, not a callback or ``train_on_batch``), the booking's flag says so,
+    and each step's first release is booked as fit's (:func:`armed_step`)."""
+
+    def train_function(iterator: Any) -> Any:
+        booking = booking_of(getattr(model, "optimizer", None))
+        caller = inspect.currentframe().f_back  # type: ignore[union-attr]
+        own = (booking is not None and getattr(model, "_fdp_fit_sampling", None) is not None
+               and caller is not None and caller.f_code.co_name == "fit" and caller.f_locals.get("self") is model)
+        if not own:
+            return function(iterator)
+        booking.fit_running.assign(1)
+        try:
+            return function(iterator)
+        finally:
+            booking.fit_running.assign(0)
+
+    train_function._fdp_guarded = getattr(function, "_fdp_guarded", False)  # type: ignore[attr-defined]
+    return train_function
+
+
+def armed_step(train_step: Callable[..., Any]) -> Callable[..., Any]:
+    """``train_step`` arming the booking at its start (once per step: a subclass's step
+    calling ``super().train_step`` arms once), so that one release per step of fit's loop
+    is fit's."""
+
+    @functools.wraps(train_step)
+    def step(self: Any, data: Any) -> Any:
+        booking = booking_of(getattr(self, "optimizer", None))
+        if booking is None or booking.arming_depth:
+            return train_step(self, data)
+        booking.arm()
+        booking.arming_depth += 1
+        try:
+            return train_step(self, data)
+        finally:
+            booking.arming_depth -= 1
+
+    return step
 
 
 class _NonPrivateTally:
