@@ -125,9 +125,10 @@ def stand_in_row(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any, tf.
     step on an empty batch must release the noise alone, so the model runs on one
     data-independent row of zeros whose loss the caller multiplies by 0
     (:meth:`fdp_tf.PrivateModel.private_gradients`): its clipped term is 0 and nothing of
-    it is released. Each leaf is ``concat([t, zeros(1, ...)])[:max(rows, 1)]``: shapes
-    XLA can compile, and the batch itself when it has a row. ``rows`` is the batch's row
-    count, ``None`` (nothing changed) when an input is ragged or sparse.
+    it is released. Each leaf is ``concat([t, zeros(1, ...)])[:max(rows, 1)]``, the batch
+    itself when it has a row. ``rows`` is the batch's row count, ``None`` (nothing
+    changed) when an input is ragged or sparse. Not for XLA (``jit_compile``), which runs
+    zero rows itself and aborts on this value-dependent shape.
     """
     leaves = _dense_leaves(x)
     if not leaves or _dense_leaves((y, sample_weight)) is None:

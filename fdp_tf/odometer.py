@@ -79,7 +79,7 @@ class _Entry:
     done: int = 0
     warned: bool = False
     # fit's segments: the fit counter when last opened, and the rate-1 companion that
-    # books the releases made during fit outside its training function
+    # books the releases made during fit beyond one per step of fit's own loop
     fit_base: int | None = None
     strays: "_Entry | None" = None
 
@@ -105,7 +105,10 @@ class Booking:
             # 1 from a step's start (if fit runs it) until its first release
             self.fit_armed = keras.Variable(0, dtype="int64", trainable=False, name="dp_fit_armed",
                                             aggregation="only_first_replica")
-        self.arming_depth = 0  # trace-time nesting of armed train_steps (super().train_step)
+            # run-time nesting of armed train_steps: only the outermost arms (a step traced
+            # on its own and called inside another must not arm it again)
+            self.step_depth = keras.Variable(0, dtype="int64", trainable=False, name="dp_step_depth",
+                                             aggregation="only_first_replica")
         self._entries: list[_Entry] = []
         self._current = self._start(None, base=0)
         self._mechanism = self._current.segment  # sigma, r: fixed (traced steps bake them in)
@@ -126,17 +129,29 @@ class Booking:
         with tf.control_dependencies([armed]):
             self.fit_armed.assign(tf.zeros_like(armed))
 
-    def arm(self) -> None:
-        """At a training step's start (in the graph): its first release is fit's if fit's
-        own loop runs the step."""
-        self.fit_armed.assign(tf.identity(self.fit_running.value))
+    def enter_step(self) -> None:
+        """At a training step's start (in the graph): the outermost step's first release is
+        fit's if fit's own loop runs the step."""
+        self.step_depth.assign_add(1)
+        outermost = tf.equal(tf.identity(self.step_depth.value), 1)
+        self.fit_armed.assign(tf.where(outermost, tf.identity(self.fit_running.value),
+                                       tf.identity(self.fit_armed.value)))
+
+    def exit_step(self) -> None:
+        self.step_depth.assign_sub(1)
+
+    def disarm(self) -> None:
+        """On the host, after fit's training function returns (or raised): a step that
+        released nothing leaves nothing armed for a release elsewhere."""
+        self.fit_armed.assign(0)
+        self.step_depth.assign(0)
 
     def open(self, sampling: PoissonSampling | None, *, warned: bool = False, fit: bool = False) -> None:
         """Book the next steps at ``sampling`` (``None``: unknown, rate 1); between steps.
 
         ``warned``: the caller already told the user these steps get no amplification.
-        ``fit``: only releases of fit's training function count at ``sampling``; the
-        others go to the segment's rate-1 companion.
+        ``fit``: only one release per step of fit's own loop counts at ``sampling``
+        (:func:`armed_step`); the others go to the segment's rate-1 companion.
         """
         if not tf.executing_eagerly():
             raise ValueError(
@@ -145,6 +160,7 @@ class Booking:
             )
         self._check_mechanism()
         template = self._template(sampling)  # may refuse: before any state changes (red team)
+        self.disarm()
         now, by_fit, current = self.released, int(self.fit_counter.numpy()), self._current
         run, strays = self._split(current, now, by_fit)
         current.done, current.base, current.fit_base = _charged(current.segment, current.done + run), None, None
@@ -197,7 +213,7 @@ class Booking:
     @staticmethod
     def _split(entry: _Entry, now: int, by_fit: int) -> tuple[int, int]:
         """Releases of the open ``entry`` since it opened: (booked at its sampling, strays
-        at rate 1). For fit, only its training function's releases are its own."""
+        at rate 1). For fit, only the armed releases (one per step of its loop) are its own."""
         if entry.base is None:
             return 0, 0
         total = now - entry.base
@@ -290,27 +306,26 @@ def booked_as_fit(function: Callable[[Any], Any], model: Any) -> Callable[[Any],
             return function(iterator)
         finally:
             booking.fit_running.assign(0)
+            booking.disarm()
 
     train_function._fdp_guarded = getattr(function, "_fdp_guarded", False)  # type: ignore[attr-defined]
     return train_function
 
 
 def armed_step(train_step: Callable[..., Any]) -> Callable[..., Any]:
-    """``train_step`` arming the booking at its start (once per step: a subclass's step
-    calling ``super().train_step`` arms once), so that one release per step of fit's loop
-    is fit's."""
+    """``train_step`` arming the booking at its start (once per step at run time: a step
+    calling ``super().train_step``, or another step traced on its own, does not arm it
+    again), so that one release per step of fit's loop is fit's."""
 
     @functools.wraps(train_step)
     def step(self: Any, data: Any) -> Any:
         booking = booking_of(getattr(self, "optimizer", None))
-        if booking is None or booking.arming_depth:
+        if booking is None:
             return train_step(self, data)
-        booking.arm()
-        booking.arming_depth += 1
-        try:
-            return train_step(self, data)
-        finally:
-            booking.arming_depth -= 1
+        booking.enter_step()
+        logs = train_step(self, data)
+        booking.exit_step()  # not reached if the step raises: disarm() resets the depth
+        return logs
 
     return step
 

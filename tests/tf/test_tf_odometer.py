@@ -171,15 +171,22 @@ _SIGNATURE = [tf.TensorSpec([None, 5], tf.float32), tf.TensorSpec([None], tf.int
 class _SharedStep(fdp_tf.PrivateModel):
     """A train_step releasing through a tf.function that a callback may call too (its
     trace, made inside fit's step, is then reused outside it); ``twice``: it releases
-    each sampled batch twice."""
+    each sampled batch twice; ``idle``: it releases nothing (red team: its armed flag
+    was left for the callback's release); ``inner``: after its release it calls a
+    train_step traced on its own outside fit, on rows it chose (red team: that trace
+    armed the step again)."""
 
-    twice = False
+    twice = idle = False
+    inner = None
 
     def train_step(self, data):
         x, y = data[0], data[1]
-        self.shared_step(x, y)
+        if not self.idle:
+            self.shared_step(x, y)
         if self.twice:
             self.shared_step(x, y)
+        if self.inner is not None:
+            self.inner()
         return {"steps": tf.constant(1.0)}
 
     @tf.function(input_signature=_SIGNATURE)
@@ -219,32 +226,42 @@ class _ReleasesOnItsOwnRows(keras.callbacks.Callback):
         self.released += 1
 
 
-@pytest.mark.parametrize("route", ["eager", "traced", "train_on_batch", "train_function", "shared_trace", "twice"])
+@pytest.mark.parametrize("route", ["eager", "traced", "train_on_batch", "train_function", "shared_trace", "twice",
+                                   "idle", "inner"])
 def test_releases_of_a_callback_during_fit_get_no_amplification(route: str) -> None:
     """fit vouches for one release per step of its own loop. Releases on rows a callback
     chose were booked at fit's p = 0.1 (issue 27 red team: private_gradients, its own
     tf.function, Keras's training function, a tf.function first traced inside fit's step;
-    train_on_batch alone had been fixed), and so was a step releasing its batch twice.
-    Now each is booked at rate 1, with a warning, also while fit still runs (what
-    PrivacyCallback reads at an epoch's end)."""
+    train_on_batch alone had been fixed), and so was a step releasing its batch twice;
+    then (second round) a callback's release after a step that released nothing, and a
+    train_step traced on its own called inside fit's step. Now each is booked at rate 1,
+    with a warning, also while fit still runs (what PrivacyCallback reads at an epoch's end)."""
     x, y = dense_data(n=100)
-    model = _private(1.0, cls=_SharedStep if route in ("shared_trace", "twice") else fdp_tf.PrivateModel)
-    model.twice = route == "twice"
+    model = _private(1.0, cls=_SharedStep if route in ("shared_trace", "twice", "idle", "inner") else fdp_tf.PrivateModel)
+    model.twice, model.idle = route == "twice", route == "idle"
+    if route == "inner":  # a train_step traced on its own before fit, on rows it chose
+        rows = (tf.constant(x[:1]), tf.constant(y[:1]))
+        model.optimizer.build(model.trainable_variables)
+        model.optimizer.expected_batch_size = 10
+        model.inner = tf.function(lambda: fdp_tf.PrivateModel.train_step(model, rows))
+        model.inner.get_concrete_function()
     hostile = _ReleasesOnItsOwnRows(x, y, route)
     count, seen = _CountSteps(), []
     peek = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(model.ledger))
     with pytest.warns(fdp_tf.SamplingWarning, match="rate 1"):
         model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=10), epochs=2, verbose=0,
-                  callbacks=[count, peek] + ([] if route == "twice" else [hostile]))
-    extra = 20 if route == "twice" else hostile.released
+                  callbacks=[count, peek] + ([] if route in ("twice", "inner") else [hostile]))
+    extra = 20 if route in ("twice", "inner") else hostile.released
+    own = 0 if route == "idle" else 20  # steps of fit's loop that released
     assert count.steps == 20 and extra in (10, 20)
-    for ledger, done in ((seen[0], 10), (seen[1], 20), (model.ledger, 20)):
+    for ledger, epochs in ((seen[0], 1), (seen[1], 2), (model.ledger, 2)):
         by_rate: dict[float, int] = {}
         for segment in ledger.segments:
             by_rate[segment.sampling_rate] = by_rate.get(segment.sampling_rate, 0) + segment.steps
-        assert by_rate == {0.1: done, 1.0: extra * done // 20}, (route, ledger)
+        expected = {0.1: own * epochs // 2, 1.0: extra * epochs // 2}
+        assert by_rate == {rate: steps for rate, steps in expected.items() if steps}, (route, ledger)
     # two upper bounds of one composition, composed in another order: equal to round-off
-    assert model.epsilon(DELTA) >= _spent((1.0, 0.1, 20), (1.0, 1.0, extra)) * (1 - 1e-12)
+    assert model.epsilon(DELTA) >= _spent((1.0, 0.1, own), (1.0, 1.0, extra)) * (1 - 1e-12)
     if route == "eager":  # more fit after it: fit's steps continue at p = 0.1
         model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=10), epochs=1, verbose=0)
         assert model.ledger.steps == 40
