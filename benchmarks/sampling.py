@@ -11,6 +11,9 @@ second accountant of the same epoch, the lattice cached), and, with ``--peer``,
 PLD_accounting's random-allocation bracket (``gaussian_allocation_epsilon_range``, its
 own accuracy default) run in a subprocess under ``--peer-timeout`` seconds.
 
+A second table does the same for DP-SGD-JL (``fdp.JL`` steps): Poisson against random
+allocation of the JL step (``fdp.RandomAllocation(fdp.JL(...))``), where its lattice fits.
+
     python benchmarks/sampling.py [--peer] [--peer-timeout 300] [--json PATH] [--quick]
 """
 
@@ -33,6 +36,14 @@ SETTINGS = [
     ("CIFAR-10 size, sigma 2, B 1024, 100 epochs", 2.0, 50000, 1024, 100),
 ]
 QUICK = [("quick: sigma 2, t 11, 3 epochs", 2.0, 1050, 100, 3)]
+#: (name, sigma, r, N, B, epochs) of DP-SGD-JL.
+JL_SETTINGS = [
+    ("sigma 2, r 30, t 235, 60 epochs", 2.0, 30, 60000, 256, 60),
+    ("sigma 1, r 100, t 235, 10 epochs", 1.0, 100, 60000, 256, 10),
+    ("sigma 3, r 30, t 49, 100 epochs", 3.0, 30, 50000, 1024, 100),
+    ("sigma 1, r 30, t 235, 10 epochs (refused)", 1.0, 30, 60000, 256, 10),
+]
+JL_QUICK = [("quick: sigma 3, r 30, t 11, 3 epochs", 3.0, 30, 1050, 100, 3)]
 DELTA = 1e-5
 
 
@@ -62,6 +73,41 @@ def _fdp(sigma: float, n: int, b: int, epochs: int) -> dict[str, Any]:
     return {"poisson": poisson, "poisson_s": t_poisson, "allocation": alloc, "allocation_cold_s": times[0],
             "allocation_warm_s": times[1], "without_replacement": fixed, "without_replacement_s": t_fixed,
             "shuffled_lower": shuffled, "shuffled_s": time.perf_counter() - start}
+
+
+def _fdp_jl(sigma: float, r: int, n: int, b: int, epochs: int) -> dict[str, Any]:
+    import fdp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a bracket wider than the tolerance: the table shows it
+        start = time.perf_counter()
+        poisson = fdp.dpsgd(noise_multiplier=sigma, batch_size=b, dataset_size=n, epochs=epochs,
+                            jl_projections=r).get_epsilon_bounds(DELTA)
+        t_poisson = time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            alloc: Any = fdp.dpsgd(noise_multiplier=sigma, batch_size=b, dataset_size=n, epochs=epochs,
+                                   jl_projections=r, sampling="random_allocation").get_epsilon_bounds(DELTA)
+        except ValueError as err:
+            alloc = str(err)
+    return {"poisson": poisson, "poisson_s": t_poisson, "allocation": alloc,
+            "allocation_s": time.perf_counter() - start}
+
+
+def _jl_table(settings: list[Any]) -> list[dict[str, Any]]:
+    rows = []
+    print("\nDP-SGD-JL:")
+    print("| setting | fdp Poisson JL | s | fdp random allocation of JL | s (cold) |")
+    print("|---|---|---|---|---|")
+    for name, sigma, r, n, b, epochs in settings:
+        row: dict[str, Any] = {"setting": name, "sigma": sigma, "r": r, "N": n, "B": b, "epochs": epochs,
+                               **_fdp_jl(sigma, r, n, b, epochs)}
+        rows.append(row)
+        alloc = row["allocation"]
+        shown = _bracket(alloc) if not isinstance(alloc, str) else "refused: " + alloc.split(": ")[-1][:90]
+        print(f"| {name} | {_bracket(row['poisson'])} | {row['poisson_s']:.2f} | {shown} "
+              f"| {row['allocation_s']:.2f} |", flush=True)
+    return rows
 
 
 def _peer_worker(queue: Any, sigma: float, t: int, epochs: int) -> None:
@@ -118,9 +164,10 @@ def main(argv: list[str] | None = None) -> int:
               f"| {row['allocation_cold_s']:.2f} / {row['allocation_warm_s']:.2f} | {peer} | {peer_s} "
               f"| {_bracket(row['without_replacement'])} | {row['without_replacement_s']:.2f} "
               f"| >= {row['shuffled_lower']:.4f} | {row['shuffled_s']:.2f} |", flush=True)
+    jl_rows = _jl_table(JL_QUICK if args.quick else JL_SETTINGS)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"dpsgd": rows, "dpsgd_jl": jl_rows}, f, indent=1)
     return 0
 
 

@@ -97,7 +97,8 @@ def dpsgd(
     p = B / N (:class:`fdp.Gaussian`), or with ``jl_projections`` = r the JL mechanism
     of DP-SGD-JL (:class:`fdp.JL`), composed over :func:`epochs_to_steps` steps.
     ``sampling="random_allocation"``: ceil(E) epochs of t = ceil(N / B) steps, each
-    example in exactly one step per epoch (:class:`fdp.RandomAllocation`; DP-SGD only).
+    example in exactly one step per epoch (:class:`fdp.RandomAllocation`, of the
+    Gaussian step or, with ``jl_projections``, of the JL step).
     ``sampling="without_replacement"``: the same steps, each on exactly B examples drawn
     without replacement, under replace-one (:class:`fdp.SampledWithoutReplacement`; a
     replaced example moves the clipped sum by up to 2C, so the step's noise multiplier
@@ -128,9 +129,10 @@ def dpsgd(
         raise ValueError(f"sampling must be one of {list(SAMPLING_SCHEMES)}; got {format_value(sampling)}")
     steps = epochs_to_steps(epochs, batch_size, dataset_size)
     p = sampling_rate(batch_size, dataset_size)
-    if sampling != "poisson" and jl_projections is not None:
+    if sampling == "without_replacement" and jl_projections is not None:
         raise ValueError(f"sampling={sampling!r} is accounted for DP-SGD only (jl_projections=None); "
-                         f"got jl_projections={format_value(jl_projections)}: use sampling='poisson'")
+                         f"got jl_projections={format_value(jl_projections)}: use sampling='poisson' or "
+                         "'random_allocation'")
     if sampling == "without_replacement":
         from fdp.mechanisms.without_replacement import SampledWithoutReplacement
 
@@ -141,7 +143,13 @@ def dpsgd(
         from fdp.mechanisms.random_allocation import RandomAllocation
 
         t = steps_per_epoch(batch_size, dataset_size)
-        mechanism = RandomAllocation(Gaussian(noise_multiplier=noise_multiplier), steps_per_epoch=t)
+        if jl_projections is None:
+            step: Any = Gaussian(noise_multiplier=noise_multiplier)
+        else:
+            from fdp.mechanisms.jl import JL
+
+            step = JL(noise_multiplier=noise_multiplier, jl_projections=jl_projections)
+        mechanism = RandomAllocation(step, steps_per_epoch=t)
         steps = -(-steps // t)  # whole epochs: a partial one is charged as a whole one
     elif jl_projections is None:
         mechanism = Gaussian(noise_multiplier=noise_multiplier, sampling_rate=p)

@@ -42,9 +42,10 @@ FIELDS = 8  # kind, noise_multiplier, jl_projections, sampling_rate, steps, l2_n
 #            expected_batch_size, segment_id
 # The sampling scheme rides in the kind code (code = kind + 10 * scheme: tables written
 # before schemes existed hold 0, 1, 2 and read as Poisson) and its size (t for random
-# allocation, N without replacement) in the jl_projections column, which only JL uses
-# and neither scheme accepts.
+# allocation, N without replacement) in the jl_projections column; a JL segment of
+# random allocation holds t + r * _JL_SHIFT there (t <= 10^6 < 2^20; exact in float64).
 _SCHEMES = ("poisson", "random_allocation", "without_replacement")
+_JL_SHIFT = 2**20
 
 # More noise is post-processing of less (add independent noise to the release), so
 # epsilon(sigma) <= epsilon(sigma') for every sigma' <= sigma: where the accountant's
@@ -97,11 +98,16 @@ class Segment:
         allocation); ``None`` for a non-private segment."""
         import fdp
 
-        if self.kind == "jl" and self.sampling != "poisson":
+        if self.kind == "jl" and self.sampling == "without_replacement":
             raise ValueError(f"{self.sampling} batches are accounted for DP-SGD (exact clipping) only, not "
-                             "DP-SGD-JL: train DP-SGD-JL on fdp_tf.poisson_batches")
+                             "DP-SGD-JL: train DP-SGD-JL on fdp_tf.poisson_batches or "
+                             "fdp_tf.random_allocation_batches")
         if self.kind == "gaussian" and self.sampling == "random_allocation":
             return fdp.RandomAllocation(fdp.Gaussian(noise_multiplier=self.noise_multiplier),
+                                        steps_per_epoch=self.scheme_size)
+        if self.kind == "jl" and self.sampling == "random_allocation":
+            return fdp.RandomAllocation(fdp.JL(noise_multiplier=self.noise_multiplier,
+                                               jl_projections=self.jl_projections),
                                         steps_per_epoch=self.scheme_size)
         if self.kind == "gaussian" and self.sampling == "without_replacement":
             # a replaced example moves the clipped sum by up to 2C: sigma / 2 there
@@ -125,6 +131,8 @@ class Segment:
     def row(self) -> list[float]:
         code = {v: k for k, v in _KINDS.items()}[self.kind] + 10 * _SCHEMES.index(self.sampling)
         size = self.scheme_size if self.sampling != "poisson" else self.jl_projections
+        if self.kind == "jl" and self.sampling == "random_allocation":
+            size = self.scheme_size + self.jl_projections * _JL_SHIFT
         return [float(code), float(self.noise_multiplier), float(size),
                 float(self.sampling_rate), float(self.steps), float(self.l2_norm_clip),
                 float(self.expected_batch_size), float(self.segment_id)]
@@ -151,6 +159,8 @@ class PrivacyLedger:
                 continue
             scheme, kind = divmod(int(k), 10)
             jl, size = (int(r), 0) if scheme == 0 else (0, int(r))
+            if scheme != 0 and _KINDS[kind] == "jl":
+                jl, size = divmod(int(r), _JL_SHIFT)
             segments.append(Segment(_KINDS[kind], float(s), jl, float(p), int(n), float(c), int(b), int(i),
                                     _SCHEMES[scheme], size))
         return cls(tuple(segments))

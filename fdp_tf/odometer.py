@@ -184,8 +184,8 @@ class Booking:
         self._current.warned = self._current.warned or warned
 
     def check(self, sampling: Any) -> None:
-        """Refuse a sampling this optimizer cannot be booked at (DP-SGD-JL on random
-        allocation or fixed-size batches), changing nothing."""
+        """Refuse a sampling this optimizer cannot be booked at (DP-SGD-JL on fixed-size
+        batches; a noise multiplier too small for random allocation), changing nothing."""
         self._template(sampling)
 
     def segments(self) -> list[Segment]:
@@ -254,10 +254,13 @@ class Booking:
             optimizer.segment(rate), l2_norm_clip=float(optimizer.l2_norm_clip),
             expected_batch_size=int(optimizer.expected_batch_size or 0), segment_id=new_segment_id())
         if sampling is not None and sampling.scheme != "poisson":
-            if template.kind != "gaussian":
+            jl = template.kind == "jl" and sampling.scheme == "random_allocation"
+            if template.kind != "gaussian" and not jl:
                 raise ValueError(f"{sampling.scheme} batches are accounted for DP-SGD (exact clipping) only; "
-                                 f"got {type(optimizer).__name__}: train it on fdp_tf.poisson_batches")
+                                 f"got {type(optimizer).__name__}: train it on fdp_tf.poisson_batches"
+                                 f"{' or fdp_tf.random_allocation_batches' if template.kind == 'jl' else ''}")
             template = dataclasses.replace(template, sampling=sampling.scheme, scheme_size=sampling.scheme_size)
+            template.mechanism()  # a scheme fdp cannot account (too little noise) is refused before a step
         return template
 
     def _warn(self, entry: _Entry, steps: int | None) -> None:

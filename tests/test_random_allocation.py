@@ -150,7 +150,7 @@ def test_dpsgd_random_allocation_counts_whole_epochs_of_ceil_n_over_b_steps() ->
 
 @pytest.mark.parametrize(("kwargs", "name"), [
     (dict(sampling="shuffle"), "sampling"),
-    (dict(sampling="random_allocation", jl_projections=4), "jl_projections"),
+    (dict(sampling="without_replacement", jl_projections=4), "jl_projections"),
 ])
 def test_dpsgd_refuses_what_it_cannot_account(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -196,7 +196,8 @@ def test_sampling_page_runs_and_prints_what_it_shows() -> None:
 
 
 def test_sampling_benchmark_quick_runs(tmp_path) -> None:
-    """benchmarks/sampling.py --quick: one setting, both schemes, a JSON row."""
+    """benchmarks/sampling.py --quick: one setting, both schemes, a JSON row; one DP-SGD-JL
+    setting, random allocation of JL below Poisson JL."""
     import subprocess
     import sys
     from pathlib import Path
@@ -206,9 +207,12 @@ def test_sampling_benchmark_quick_runs(tmp_path) -> None:
     proc = subprocess.run([sys.executable, str(script), "--quick", "--json", str(out)], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = json.loads(out.read_text())
+    tables = json.loads(out.read_text())
+    (row,) = tables["dpsgd"]
     assert row["t"] == 11 and row["allocation"][0] <= row["allocation"][1] < row["poisson"][0]
     assert "| quick: sigma 2, t 11, 3 epochs | 11 |" in proc.stdout
+    (jl,) = tables["dpsgd_jl"]
+    assert jl["r"] == 30 and jl["allocation"][0] <= jl["allocation"][1] < jl["poisson"][0]
 
 
 def test_cli_curves_compare_poisson_and_random_allocation(capsys: pytest.CaptureFixture[str]) -> None:

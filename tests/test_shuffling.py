@@ -113,18 +113,10 @@ def test_bad_input_names_the_argument(kwargs: dict, name: str) -> None:
 
 
 def test_sampling_page_shuffling_block_prints_what_it_says() -> None:
-    import contextlib
-    import io
-    import re
-    from pathlib import Path
+    from doc_blocks import run_first_block, said_to_print, section
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "sampling.md").read_text()
-    section = text[text.index("## Shuffling"):]
-    block = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(block, "sampling.md", "exec"), {"__name__": "__doc__"})
-    assert out.getvalue().strip() == re.search(r"prints `(.*?)`", section).group(1)
+    text = section("sampling.md", "## Shuffling")
+    assert run_first_block(text, "sampling.md").strip() == said_to_print(text)
 
 
 def test_cli_prints_a_lower_bound_only(capsys) -> None:

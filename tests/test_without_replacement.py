@@ -252,19 +252,13 @@ def test_cli_without_replacement(capsys: pytest.CaptureFixture[str]) -> None:
 def test_sampling_page_section_runs_and_its_table_is_what_fdp_says() -> None:
     """docs/sampling.md, 'Sampling without replacement': the block prints what the page
     says, and the table's first row is the accountant's bracket."""
-    import contextlib
-    import io
     import re
-    from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "sampling.md").read_text()
-    section = text[text.index("## Sampling without replacement"):text.index("## Shuffling")]
-    block = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(block, "sampling.md", "exec"), {"__name__": "__doc__"})
-    assert out.getvalue().strip() == re.search(r"prints `(.*?)`", section).group(1)
-    row = re.search(r"\| 1 \| (.*?) \| (.*?) \| \[(.*?), (.*?)\] \|", section)
+    from doc_blocks import run_first_block, said_to_print, section
+
+    text = section("sampling.md", "## Sampling without replacement", "## Shuffling")
+    assert run_first_block(text, "sampling.md").strip() == said_to_print(text)
+    row = re.search(r"\| 1 \| (.*?) \| (.*?) \| \[(.*?), (.*?)\] \|", text)
     acc = fdp.dpsgd(noise_multiplier=1.0, batch_size=256, dataset_size=60000, epochs=1,
                     sampling="without_replacement")
     with warnings.catch_warnings():

@@ -165,18 +165,19 @@ def _fixed_structure(args: argparse.Namespace, sigma: float, r: int | None):
     if scheme == "shuffle":
         raise UsageError("--sampling shuffle has only a lower bound on epsilon: use fdp epsilon (no upper "
                          "bound on epsilon or delta is known for shuffled batches)")
-    if args.mechanism != "gaussian":
-        raise UsageError(f"--sampling {scheme} is accounted for --mechanism gaussian only; "
-                         f"got --mechanism {args.mechanism}")
+    jl = args.mechanism == "jl" and scheme == "random_allocation"
+    if args.mechanism != "gaussian" and not jl:
+        allowed = "gaussian and jl" if scheme == "random_allocation" else "gaussian only"
+        raise UsageError(f"--sampling {scheme} is accounted for --mechanism {allowed}; got --mechanism {args.mechanism}")
     if args.sampling_rate is not None or args.steps is not None or None in (args.batch_size, args.dataset_size,
                                                                             args.epochs):
         raise UsageError(f"--sampling {scheme} needs --batch-size, --dataset-size and --epochs "
                          "(not --sampling-rate/--steps)")
     names = {"noise_multiplier": "--noise-multiplier", "batch_size": "--batch-size",
-             "dataset_size": "--dataset-size", "epochs": "--epochs"}
+             "dataset_size": "--dataset-size", "epochs": "--epochs", "jl_projections": "--jl-projections"}
     try:
         acc = fdp.dpsgd(noise_multiplier=sigma, batch_size=args.batch_size, dataset_size=args.dataset_size,
-                        epochs=args.epochs, sampling=scheme)
+                        epochs=args.epochs, sampling=scheme, jl_projections=r if jl else None)
     except ValueError as err:
         raise flag_error(err, names) from None
     (mech, count), = acc.events

@@ -120,7 +120,7 @@ class _Chernoff:
 
     @classmethod
     def of(cls, law: TermLaw, steps: int) -> "_Chernoff":
-        a = law.a * (1 + 2 * U)
+        a = law.a * (1 + law.a_error)
         a1 = law.p1_upper()
         var = max(float(np.sum(a * np.arange(a.size, dtype=np.float64) ** 2)), 1.0)
         theta = np.geomspace(1e-4, 1e3, 64) / math.sqrt(steps * var)
@@ -148,12 +148,16 @@ class _Chernoff:
         return max(int(math.floor(lo)), 0), int(math.ceil(hi)) + 1
 
 
-def _wrap_envelope(chernoff: _Chernoff, lo: int, n: int, size: int) -> np.ndarray:
+def _wrap_envelope(chernoff: _Chernoff, lo: int, n: int, size: int, block: int = 256) -> np.ndarray:
     """Per window entry j (m = lo + j), a bound on the mass that the circular convolution
     of length n adds to it from outside the window: the masses at m + k n (k >= 1) sum to
-    at most Q(M >= lo + n + j), those at m - k n to at most Q(M <= lo + j - n)."""
-    j = np.arange(size, dtype=np.float64)
-    return chernoff.above(lo + n + j) + chernoff.below(lo + j - n)
+    at most Q(M >= lo + n + j), those at m - k n to at most Q(M <= lo + j - n). Both bounds
+    are monotone in j, so each block of ``block`` entries takes its largest (the first
+    entry's upper tail, the last entry's lower tail)."""
+    start = np.arange(0, size, block, dtype=np.float64)
+    end = np.minimum(start + block - 1, size - 1)
+    per_block = chernoff.above(lo + n + start) + chernoff.below(lo + end - n)
+    return np.repeat(per_block, block)[:size]
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,8 +221,8 @@ def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS
     the true value lies below the computed one plus its round-off bound (an l2 bound,
     so one on every entry), and above it minus that and the mass that wrapped in from
     outside the window (:func:`_wrap_envelope`; rho and rhobar carry <= (t + 1) spacing
-    (1 + xi) per unit of it). The classes' Q-masses are exact up to 2u each, so the
-    t-fold products up to (1 + 2u)^t.
+    (1 + xi) per unit of it). The classes' Q-masses are exact up to a relative e =
+    ``law.a_error`` each (2u for one Gaussian), so the t-fold products up to (1 + e)^t.
     """
     t = steps
     chernoff = _Chernoff.of(law, t)
@@ -243,7 +247,7 @@ def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS
 
     q, rho, bar = window_of(q_full), window_of(rho_full), window_of(bar_full)
     wrapped = _wrap_envelope(chernoff, lo, n, hi - lo)
-    grow = math.expm1(t * math.log1p(2 * U))
+    grow = math.expm1(t * math.log1p(law.a_error))
     width = (t + 1) * law.spacing * (1 + law.xi)
     q_lo = np.clip((q - q_err - wrapped) * (1 - grow), 0.0, None)
     q_hi = np.clip((q + q_err) * (1 + grow), 0.0, None)

@@ -4,7 +4,9 @@ The epoch's likelihood ratio (:mod:`fdp.mechanisms.allocation_lattice`) is a mea
 of t iid terms W = dP1/dP0 under Q = P0. This module bounds one term's law on the
 classes g = floor(W / spacing): the Q-mass of each class, and lower bounds on the
 remainders b_g = E_Q[W - g spacing ; g] and bbar_g = E_Q[(g+1) spacing - W ; g],
-for the Gaussian mechanism, W = exp(mu Y - mu^2/2), Y ~ N(0, 1).
+for the Gaussian mechanism, W = exp(mu Y - mu^2/2), Y ~ N(0, 1), and for a finite
+mixture of such terms with released labels (:func:`mixture_term_law`; the JL
+mechanism, :mod:`fdp.mechanisms.allocation_mixtures`).
 """
 
 from __future__ import annotations
@@ -15,22 +17,43 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from fdp._kernels.remainder import class_remainders
 from fdp.pld.roundoff import U
 
-__all__ = ["NDTR_ERROR", "TermLaw", "gaussian_term_law"]
+__all__ = ["NDTR_ERROR", "TermLaw", "gaussian_term_law", "mixture_term_law"]
 
 #: Relative error of scipy's ndtr (Cephes: erfc's published peak relative error is
 #: 5.7e-14 on [0, 26.6]; measured here up to 284u on [-12, 12]; charged as 1e-13).
 NDTR_ERROR = 1e-13
-#: Gauss-Legendre nodes per class for the remainders b and bbar (error bounded below).
-QUADRATURE_NODES = 8
+#: Gauss-Legendre rules offered per class for the remainders b and bbar, fewest nodes
+#: first: a class takes the first whose error bound is below RULE_TOLERANCE of the integral (the
+#: bound is charged whatever the choice).
+QUADRATURE_NODES = (2, 4, 8)
+RULE_TOLERANCE = 1e-13
+
+
+def _rules() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    top = max(QUADRATURE_NODES)
+    nodes = np.full((len(QUADRATURE_NODES), top), np.nan)
+    weights = np.full((len(QUADRATURE_NODES), top), np.nan)
+    log_c = np.empty(len(QUADRATURE_NODES))
+    for row, n in enumerate(QUADRATURE_NODES):
+        nodes[row, :n], weights[row, :n] = np.polynomial.legendre.leggauss(n)
+        log_c[row] = 4 * math.lgamma(n + 1) - math.log(2 * n + 1) - 2 * math.lgamma(2 * n + 1)
+    return nodes, weights, log_c
+
+
+_RULES = _rules()
+#: A mixture's component is computed on the classes Y in [-Y_CUT, Y_CUT + mu] meets; the
+#: rest of its outputs (Q- and P1-mass <= Phi(-10) ~ 7.6e-24 each side) join the overflow.
+Y_CUT = 10.0
 
 
 @dataclass(frozen=True, eq=False)
 class TermLaw:
     """One term W = dP1/dP0 of (1) under Q, on classes g = 0 .. K-1 (and an overflow).
 
-    ``a[g]`` is the Q-mass of class g, exact up to a relative 2u for the classes of a
+    ``a[g]`` is the Q-mass of class g, exact up to a relative ``a_error`` for the classes of a
     partition whose W-ranges lie within [g spacing (1 - xi), (g+1) spacing (1 + xi)]
     (``xi`` = :attr:`xi`); ``b_lo[g]`` <= E_Q[W - g spacing (1 - xi) ; g] and
     ``bbar_lo[g]`` <= E_Q[(g+1) spacing (1 + xi) - W ; g] are lower bounds;
@@ -44,6 +67,7 @@ class TermLaw:
     bbar_lo: np.ndarray
     overflow_q: float
     overflow_p1: float
+    a_error: float = 2 * U
 
     @property
     def classes(self) -> int:
@@ -52,7 +76,7 @@ class TermLaw:
     def p1_upper(self) -> np.ndarray:
         """Upper bounds on the P1-masses E_Q[W ; g] of the classes."""
         g = np.arange(self.a.size, dtype=np.float64)
-        return (g + 1) * self.spacing * (1 + self.xi) * self.a * (1 + 4 * U)
+        return (g + 1) * self.spacing * (1 + self.xi) * self.a * (1 + 2 * U + self.a_error)
 
 
 def _tails(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,41 +104,7 @@ def _cell_masses(y: np.ndarray) -> np.ndarray:
     return np.maximum(masses, 0.0)
 
 
-#: Gauss-Legendre nodes per class for the remainders b and bbar (error bounded below).
-QUADRATURE_NODES = 8
-
-
-def _remainder(y_edge: np.ndarray, lo: np.ndarray, hi: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
-    """(value, error bound) of int_lo^hi |expm1(mu (y - y_edge))| phi(y) dy per class, by
-    Gauss-Legendre with n = QUADRATURE_NODES nodes: its error is at most
-    h^{2n+1} (n!)^4 / ((2n+1) ((2n)!)^2) M / R^{2n} (the remainder formula with Cauchy's
-    estimate of the 2n-th derivative on discs of radius R = 1), M a bound on the
-    integrand's modulus within distance 1 of [lo, hi]: (e^{mu (hi - y_edge + 1)} + 1)
-    e^{1/2} phi(the point of [lo - 1, hi + 1] nearest 0)."""
-    n = QUADRATURE_NODES
-    nodes, weights = np.polynomial.legendre.leggauss(n)
-    half = 0.5 * (hi - lo)
-    mid = 0.5 * (hi + lo)
-    y = mid[:, None] + half[:, None] * nodes[None, :]
-    with np.errstate(over="ignore", invalid="ignore"):
-        f = np.abs(np.expm1(mu * (y - y_edge[:, None]))) * np.exp(-0.5 * y * y) * 0.3989422804014327
-        value = half * (f @ weights)
-    value = np.where(hi > lo, value, 0.0)
-    nearest = np.clip(0.0, lo - 1.0, hi + 1.0)
-    top = np.maximum(np.abs(hi - y_edge), np.abs(lo - y_edge)) + 1.0
-    with np.errstate(over="ignore"):
-        bound_m = (np.exp(mu * top) + 1.0) * math.exp(0.5) * 0.3989422804014328 * np.exp(-0.5 * nearest * nearest)
-    log_c = 4 * math.lgamma(n + 1) - math.log(2 * n + 1) - 2 * math.lgamma(2 * n + 1)
-    with np.errstate(divide="ignore", over="ignore"):
-        error = np.exp((2 * n + 1) * np.log(np.maximum(hi - lo, 0.0)) + log_c) * bound_m
-    # the float sum of n positive terms, each a few roundings off, at nodes and with weights a
-    # few ulp off (the integrand's relative change there is <= (mu + |y|) |y| u per ulp of y)
-    scale = 1.0 + (mu + np.abs(mid) + half) * (np.abs(mid) + half)
-    error = np.where(hi > lo, error + 64 * U * scale * np.abs(value), 0.0)
-    return value, error
-
-
-def gaussian_term_law(mu: float, spacing: float, classes: int) -> TermLaw:
+def gaussian_term_law(mu: float, spacing: float, classes: int, y_cut: float | None = None) -> TermLaw:
     """:class:`TermLaw` of W = exp(mu Y - mu^2/2), Y ~ N(0, 1): class g is
     Y in (y_g, y_{g+1}], y_g = (log(g spacing) + mu^2/2) / mu.
 
@@ -131,41 +121,110 @@ def gaussian_term_law(mu: float, spacing: float, classes: int) -> TermLaw:
         b_g = int_{y_g}^{y_{g+1}} (w(y) - g spacing) phi(y) dy
             = w(y_g) int expm1(mu (y - y_g)) phi(y) dy + (w(y_g) - g spacing) a_g,
 
-    by :func:`_remainder`, w(y_g) = g spacing (1 + r), |r| <= xi; likewise bbar_g from
-    the right end. Moving an end from y_g to y'_g changes b_g by at most s times
-    (w - g spacing) phi there: ~ spacing s phi at the right end, ~ 0 at the left.
+    w(y_g) = g spacing (1 + r), |r| <= xi; likewise bbar_g from the right end. The
+    integrals are by n-point Gauss-Legendre, n in QUADRATURE_NODES
+    (:func:`fdp._kernels.remainder.class_remainders`), whose error is at most
+    h^{2n+1} (n!)^4 / ((2n+1) ((2n)!)^2) M / R^{2n} (the remainder formula with Cauchy's
+    estimate of the 2n-th derivative on discs of radius R = 1), M a bound on the
+    integrand's modulus within distance 1 of the class: (e^{mu (h + 1)} + 1) e^{1/2}
+    phi(the point nearest 0). Moving an end from y_g to y'_g changes b_g by at most s
+    times (w - g spacing) phi there: ~ spacing s phi at the right end, ~ 0 at the left.
+
+    ``y_cut``: only the classes met by Y in [-y_cut, y_cut + mu] (and class 0) are
+    computed; the outputs of the others join the overflow (Q- and P1-mass
+    <= Phi(-y_cut) each side), so what is computed is still the exact partition.
     """
-    g = np.arange(classes + 1, dtype=np.float64)
+    if y_cut is None:
+        g_lo, g_hi = 1, classes
+    else:
+        g_hi = min(classes, int(math.ceil(math.exp(min(mu * y_cut + 0.5 * mu * mu, 700.0)) / spacing)) + 1)
+        g_lo = max(1, min(g_hi, int(math.floor(math.exp(-mu * y_cut - 0.5 * mu * mu) / spacing)) - 1))
+    gap = g_lo > 1  # the classes 1 .. g_lo - 1 join the overflow as one cell
+    g = np.concatenate([[0.0, 1.0], np.arange(g_lo, g_hi + 1, dtype=np.float64)]) if gap \
+        else np.arange(g_hi + 1, dtype=np.float64)
     with np.errstate(divide="ignore"):
         log_w = np.log(g * spacing)
         y = (log_w + 0.5 * mu * mu) / mu  # y_0 = -inf
     shift = 2 * 1.26 * NDTR_ERROR
-    top_log = float(np.max(np.abs(log_w[1:]))) if classes else 0.0
+    top_log = max(abs(math.log(spacing)), abs(math.log(classes * spacing)))
     xi = math.expm1(mu * shift + 16 * U * (top_log + mu * mu + 1.0))
-    a = _cell_masses(y)
-    lo, hi = y[:-1], y[1:]
-    lo_w, hi_w = g[:-1] * spacing, g[1:] * spacing
-    finite_lo = np.where(np.isfinite(lo), lo, hi - 40.0)  # class 0: (-inf, y_1], its tail below 40 sds
-    left, left_err = _remainder(finite_lo, finite_lo, hi, mu)
-    right, right_err = _remainder(hi, finite_lo, hi, mu)
-    # class 0 has no left end: b_0 = E_Q[W ; W < spacing] = P1(Y < y_1 - ...) directly bounded
-    left[0], left_err[0] = 0.0, 0.0
-    with np.errstate(over="ignore"):
-        density = np.where(np.isfinite(y), np.exp(-0.5 * (np.abs(y) - shift) ** 2), 0.0) * 0.3989422804014328
-    # at the right end the integrand is <= (g+1) spacing (1 + xi)^2 - g spacing (1 - xi), at the
-    # left end |W - g spacing (1 - xi)| <= 3 xi g spacing (W there is g spacing within 2 xi)
-    moved = 1.01 * shift * (density[1:] * ((hi_w - lo_w) * (1 + xi) + 3 * hi_w * xi) + density[:-1] * 3 * lo_w * xi)
-    b = lo_w * (left - left_err) * (1 - xi) * (1 - 4 * U) - moved - 4 * U * a * lo_w
-    bbar = hi_w * (right - right_err) * (1 - xi) * (1 - 4 * U) - moved - 4 * U * a * hi_w
+    masses = _cell_masses(y)
+    first = 2 if gap else 1  # index in y of the edge y_{g_lo}
+    a = np.zeros(classes)
+    a[0] = masses[0]
+    a[g_lo:g_hi] = masses[first:]
+    lo, hi = y[first:-1], y[first + 1:]
+    nodes, weights, log_c = _RULES
+    b = np.zeros(classes)
+    bbar = np.zeros(classes)
+    b[g_lo:g_hi], bbar[g_lo:g_hi] = class_remainders(
+        np.ascontiguousarray(lo), np.ascontiguousarray(hi), g[first:-1] * spacing, g[first + 1:] * spacing,
+        np.ascontiguousarray(a[g_lo:g_hi]), float(mu), xi, shift, nodes, weights, log_c, RULE_TOLERANCE)
     # class 0, W in [0, spacing): b_0 = P1(class 0) and bbar_0 = spacing a_0 - P1(class 0),
     # from P1's tail at y'_1 (within NDTR_ERROR, and the end moved by <= shift)
     p1_first = float(special.ndtr(y[1] - mu)) if classes else 0.0  # P1(Y <= y_1), W < spacing
-    b[0] = p1_first * (1 - NDTR_ERROR) - 0.4 * shift
-    bbar[0] = spacing * a[0] * (1 - 2 * U) - p1_first * (1 + NDTR_ERROR) - 0.4 * shift
-    b_lo = np.clip(b, 0.0, None)
-    bbar_lo = np.clip(bbar, 0.0, None)
+    b[0] = max(0.0, p1_first * (1 - NDTR_ERROR) - 0.4 * shift)
+    bbar[0] = max(0.0, spacing * a[0] * (1 - 2 * U) - p1_first * (1 + NDTR_ERROR) - 0.4 * shift)
     _, top_q = _tails(np.array([y[-1]]))
     _, top_p1 = _tails(np.array([y[-1] - mu]))
-    return TermLaw(spacing=spacing, xi=xi, a=a, b_lo=b_lo, bbar_lo=bbar_lo,
-                   overflow_q=float(top_q[0]) * (1 + NDTR_ERROR) + 2.5 * shift,
-                   overflow_p1=float(top_p1[0]) * (1 + NDTR_ERROR) + 2.5 * shift)
+    over_q = float(top_q[0]) * (1 + NDTR_ERROR) + 2.5 * shift
+    over_p1 = float(top_p1[0]) * (1 + NDTR_ERROR) + 2.5 * shift
+    if gap:  # Q(Y <= y_{g_lo}) and P1(Y <= y_{g_lo}) bound the gap's masses
+        over_q += float(special.ndtr(y[2])) * (1 + NDTR_ERROR) + 2.5 * shift
+        over_p1 += float(special.ndtr(y[2] - mu)) * (1 + NDTR_ERROR) + 2.5 * shift
+    return TermLaw(spacing=spacing, xi=xi, a=a, b_lo=b, bbar_lo=bbar, overflow_q=over_q, overflow_p1=over_p1)
+
+
+def mixture_term_law(mus: np.ndarray, weights: np.ndarray, spacing: float, classes: int) -> TermLaw:
+    """:class:`TermLaw` of a finite mixture: component i (weight w_i, its label released
+    with the output) has W = exp(mu_i Y - mu_i^2/2), Y ~ N(0, 1).
+
+    The mixture's class g is the union of its components' classes g, so its W-range is
+    within the largest xi_i of the lattice, and its Q-mass is sum_i w_i a_i: exact up to
+    a relative (n + 3) u for n components (each a_i to 2u, the product and the sum's
+    rounding). The remainders' lower bounds add up, rounded down; the overflows, up.
+    Two components are exact points: mu = 0 (W = 1 under both hypotheses: Q-mass w at
+    the class of 1) and mu = inf (the step that reveals the example: under Q the term
+    is W = 0, Q-mass w in class 0; its P1-mass w lies outside every class, at +inf).
+    Weights must sum to at most 1 (:func:`fdp.mechanisms.allocation_mixtures.step_components`).
+    """
+    mus = np.asarray(mus, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
+    n = int(mus.size)
+    a = np.zeros(classes)
+    b_lo = np.zeros(classes)
+    bbar_lo = np.zeros(classes)
+    xi, over_q, over_p1 = 16 * U, 0.0, 0.0
+    for mu, w in zip(mus.tolist(), weights.tolist()):
+        if w <= 0.0:
+            continue
+        if mu == math.inf:
+            a[0] += w
+            bbar_lo[0] += w * spacing * (1 - 2 * U)
+            over_p1 += w
+        elif mu == 0.0:
+            g = int(math.floor(1.0 / spacing))
+            if g >= classes:
+                over_q += w
+                over_p1 += w
+                continue
+            a[g] += w
+            # W = 1 within the float error of g spacing and (g + 1) spacing (xi >= 16u covers it)
+            b_lo[g] += w * max(0.0, 1.0 - g * spacing * (1 + 4 * U)) * (1 - 4 * U)
+            bbar_lo[g] += w * max(0.0, (g + 1) * spacing * (1 - 4 * U) - 1.0) * (1 - 4 * U)
+        else:
+            parts = gaussian_term_law(mu, spacing, classes, y_cut=Y_CUT)
+            a += w * parts.a
+            b_lo += w * parts.b_lo
+            bbar_lo += w * parts.bbar_lo
+            xi = max(xi, parts.xi)
+            over_q += w * parts.overflow_q
+            over_p1 += w * parts.overflow_p1
+    if n == 1 and weights[0] == 1.0:
+        error = 2 * U
+    else:
+        error = (n + 3) * U
+    down = 1 - (n + 2) * U
+    up = 1 + (n + 2) * U
+    return TermLaw(spacing=spacing, xi=xi, a=a, b_lo=b_lo * down, bbar_lo=bbar_lo * down,
+                   overflow_q=min(over_q * up, 1.0), overflow_p1=min(over_p1 * up, 1.0), a_error=error)

@@ -15,6 +15,11 @@ exp(mu y_j - mu^2/2), a mean of t iid terms under Q; :mod:`fdp.mechanisms.alloca
 bounds its law from both sides on a lattice of likelihood ratios, so the accountant
 composes epochs (with each other and with any other mechanism) with certified
 lower and upper bounds like any other mechanism.
+
+The JL mechanism (and any Gaussian with a random released sensitivity) enters as a
+finite mixture of Gaussian terms that dominates a step from above or is dominated by
+it from below (:mod:`fdp.mechanisms.allocation_mixtures`), each mixture on its own
+lattice (:func:`fdp.mechanisms.allocation_terms.mixture_term_law`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from fdp._validation import check_integer, format_value
 from fdp.mechanisms._atoms import RANGE_MARGIN, atom_cells
 from fdp.mechanisms.allocation_lattice import (MAX_LATTICE_POINTS, TAIL, EpochLattice, epoch_lattice,
                                                lattice_points, loss_error, optimistic_atoms, pessimistic_atoms)
-from fdp.mechanisms.allocation_terms import gaussian_term_law
+from fdp.mechanisms.allocation_mixtures import mixture_plan, step_components
+from fdp.mechanisms.allocation_terms import gaussian_term_law, mixture_term_law
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict, register_mechanism
 from fdp.mechanisms.gaussian import Gaussian
+from fdp.mechanisms.random_sensitivity.mechanism import RandomSensitivityBase
 from fdp.pld.cells import Direction, Grid, LossCells
 
 __all__ = ["RandomAllocation", "MAX_STEPS_PER_EPOCH"]
@@ -52,22 +59,24 @@ COARSEST_SPACING_PER_SD = 1 / 2
 class RandomAllocation(Mechanism):
     """One epoch of random allocation: every example used in exactly one of its steps.
 
-    Each of the ``steps_per_epoch`` = t steps runs ``mechanism`` (the Gaussian mechanism
-    of DP-SGD, at sampling rate 1: the allocation is the sampling) on the examples
-    allocated to it; each example goes to one step chosen uniformly at random, fresh
-    every epoch. Compose it once per epoch: ``acc.compose(fdp.RandomAllocation(...),
-    steps=epochs)``. The expected batch is N / t, the noise std sigma C / (N / t).
+    Each of the ``steps_per_epoch`` = t steps runs ``mechanism`` (at sampling rate 1:
+    the allocation is the sampling) on the examples allocated to it; each example goes
+    to one step chosen uniformly at random, fresh every epoch. Compose it once per
+    epoch: ``acc.compose(fdp.RandomAllocation(...), steps=epochs)``. The expected batch
+    is N / t, the noise std sigma C / (N / t).
 
     Args:
-      mechanism: ``fdp.Gaussian(noise_multiplier=sigma)`` with sampling_rate 1.
+      mechanism: the step: ``fdp.Gaussian(noise_multiplier=sigma)`` (DP-SGD),
+        ``fdp.JL(noise_multiplier=sigma, jl_projections=r)`` (DP-SGD-JL) or an
+        ``fdp.RandomSensitivityGaussian``, each with sampling_rate 1.
       steps_per_epoch: t in [1, 10^6].
       selected: steps each example is used in per epoch, k; only k = 1 ("balls in bins")
         is certified here.
 
     Raises:
-      ValueError: a mechanism other than a Gaussian at sampling_rate 1, t out of range,
-        k other than 1, or a noise multiplier so small that the lattice would exceed
-        ~8.4 million points (the message says the smallest that fits).
+      ValueError: another mechanism or a sampling_rate other than 1, t out of range,
+        k other than 1, or a noise multiplier so small (a JL step: so few projections)
+        that the lattice would not fit (the message says what does).
 
     Example:
       >>> import fdp
@@ -75,14 +84,15 @@ class RandomAllocation(Mechanism):
       >>> lower, upper = fdp.PLDAccountant().compose(epoch, steps=10).get_epsilon_bounds(1e-5)
     """
 
-    mechanism: Gaussian
+    mechanism: Gaussian | RandomSensitivityBase
     steps_per_epoch: int
     selected: int = 1
     kind = "random_allocation"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mechanism, Gaussian):
-            raise ValueError("mechanism must be fdp.Gaussian(noise_multiplier=...) (the DP-SGD step); "
+        if not isinstance(self.mechanism, (Gaussian, RandomSensitivityBase)):
+            raise ValueError("mechanism must be fdp.Gaussian(noise_multiplier=...) (the DP-SGD step) or "
+                             "fdp.JL(noise_multiplier=..., jl_projections=...) (the DP-SGD-JL step); "
                              f"got {format_value(self.mechanism)}")
         if self.mechanism.sampling_rate != 1.0:
             raise ValueError("mechanism must have sampling_rate=1 inside random allocation (the "
@@ -96,7 +106,10 @@ class RandomAllocation(Mechanism):
                              "k > 1 steps per example is not certified yet. Use steps_per_epoch=t/k "
                              "epochs of k times as many (each 1-of-t/k), or Poisson sampling")
         object.__setattr__(self, "selected", selected)
-        _plan(self.mu, self.steps_per_epoch)  # refuse at once a lattice that would not fit
+        if isinstance(self.mechanism, Gaussian):
+            _plan(self.mu, self.steps_per_epoch)  # refuse at once a lattice that would not fit
+        else:
+            mixture_plan(self.mechanism, self.steps_per_epoch)
 
     @property
     def sampling_rate(self) -> float:  # type: ignore[override]
@@ -105,19 +118,25 @@ class RandomAllocation(Mechanism):
 
     @property
     def mu(self) -> float:
+        """1 / sigma: the Gaussian step's sensitivity (a JL step's is Z / sigma)."""
         return 1.0 / self.mechanism.noise_multiplier
+
+    def _atoms(self, direction: Direction, pessimistic: bool) -> tuple[np.ndarray, np.ndarray, float]:
+        if isinstance(self.mechanism, Gaussian):
+            return _atoms(self.mu, self.steps_per_epoch, direction, pessimistic)
+        return _mixture_atoms(self.mechanism, self.steps_per_epoch, direction, pessimistic)
 
     # -- the accountant's interface ----------------------------------------------------
 
     def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
                    focus: tuple[float, float] | None = None) -> LossCells:
-        losses, masses, p_inf = _atoms(self.mu, self.steps_per_epoch, Direction(direction), pessimistic)
+        losses, masses, p_inf = self._atoms(Direction(direction), pessimistic)
         return atom_cells(grid, losses, masses, p_inf=p_inf, loss_error=loss_error(losses))
 
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
         lo, hi = math.inf, -math.inf
         for pessimistic in (True, False):
-            losses, masses, _ = _atoms(self.mu, self.steps_per_epoch, Direction(direction), pessimistic)
+            losses, masses, _ = self._atoms(Direction(direction), pessimistic)
             order = np.argsort(losses)
             cum = np.cumsum(masses[order])
             first = min(int(np.searchsorted(cum, tail_mass, side="right")), losses.size - 1)
@@ -132,7 +151,7 @@ class RandomAllocation(Mechanism):
         curve is f^-1), below the true curve of either ordering."""
         from fdp.tradeoff import PiecewiseLinearCurve
 
-        losses, masses, p_inf = _atoms(self.mu, self.steps_per_epoch, Direction.REMOVE, True)
+        losses, masses, p_inf = self._atoms(Direction.REMOVE, True)
         return PiecewiseLinearCurve.from_privacy_loss_atoms(losses, masses, p_inf).symmetrized()
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,3 +240,20 @@ def _atoms(mu: float, steps: int, direction: Direction, pessimistic: bool) -> tu
     losses, masses = optimistic_atoms(lattice, direction)
     return losses, masses, 0.0
 
+
+
+@functools.lru_cache(maxsize=16)
+def _mixture_atoms(mechanism: RandomSensitivityBase, steps: int, direction: Direction,
+                   pessimistic: bool) -> tuple[np.ndarray, np.ndarray, float]:
+    lattice = _mixture_lattice(mechanism, steps, pessimistic)
+    if pessimistic:
+        return pessimistic_atoms(lattice, direction)
+    losses, masses = optimistic_atoms(lattice, direction)
+    return losses, masses, 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _mixture_lattice(mechanism: RandomSensitivityBase, steps: int, pessimistic: bool) -> EpochLattice:
+    plan = mixture_plan(mechanism, steps)
+    mus, weights = step_components(mechanism, pessimistic, plan.mu_sat, plan.mu_min)
+    return epoch_lattice(mixture_term_law(mus, weights, plan.spacing, plan.classes), steps)

@@ -136,12 +136,31 @@ def test_relations_are_not_mixed_and_nothing_runs_when_refused() -> None:
         other.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=4), epochs=1, verbose=0)
 
 
-def test_jl_and_custom_loops_are_refused_for_random_allocation() -> None:
+def test_jl_on_random_allocation_is_booked_as_its_epochs_and_a_heavy_tail_is_refused() -> None:
+    """DP-SGD-JL on random-allocation batches: booked as RandomAllocation(JL) in whole epochs,
+    its epsilon the accountant's; a sigma and r whose tail the lattice cannot hold (sigma 1,
+    r 2) are refused before a step runs."""
     x, y = dense_data(n=64)
-    jl = _model(fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, jl_projections=2))
+    heavy = _model(fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, jl_projections=2))
+    with pytest.raises(ValueError, match="too heavy-tailed"):
+        heavy.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=4), epochs=1, verbose=0)
+    assert heavy.ledger.steps == 0
+    jl = _model(fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=3.0, jl_projections=30))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jl.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=4), epochs=2, verbose=0)
+    (segment,) = jl.ledger.segments
+    assert (segment.kind, segment.sampling, segment.scheme_size, segment.jl_projections) == (
+        "jl", "random_allocation", 4, 30)
+    epoch = fdp.RandomAllocation(fdp.JL(noise_multiplier=3.0, jl_projections=30), steps_per_epoch=4)
+    assert jl.epsilon(1e-5) == pytest.approx(_epsilon(epoch, 2), rel=1e-9)
+    assert fdp_tf.PrivacyLedger.from_table(jl.ledger.table()).segments == jl.ledger.segments
     with pytest.raises(ValueError, match="exact clipping"):
-        jl.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=4), epochs=1, verbose=0)
-    assert jl.ledger.steps == 0
+        heavy.open_segment(fdp_tf.WithoutReplacementSampling(64, 16))
+
+
+def test_custom_loops_are_refused_for_random_allocation() -> None:
+    x, y = dense_data(n=64)
     model = _model()
     with pytest.raises(ValueError, match="fit"):
         model.open_segment(fdp_tf.RandomAllocationSampling(64, 4))
@@ -153,7 +172,8 @@ def test_jl_and_custom_loops_are_refused_for_random_allocation() -> None:
 def test_the_saved_table_keeps_the_scheme_and_old_tables_read_as_poisson() -> None:
     segments = (fdp_tf.Segment("gaussian", 1.0, 0, 0.125, 16, sampling="random_allocation", scheme_size=8),
                 fdp_tf.Segment("gaussian", 2.0, 0, 0.25, 4, sampling="without_replacement", scheme_size=64),
-                fdp_tf.Segment("jl", 1.0, 3, 0.5, 2))
+                fdp_tf.Segment("jl", 1.0, 3, 0.5, 2),
+                fdp_tf.Segment("jl", 2.0, 30, 0.01, 300, sampling="random_allocation", scheme_size=100))
     ledger = fdp_tf.PrivacyLedger(segments)
     assert fdp_tf.PrivacyLedger.from_table(ledger.table()).segments == segments
     old = ledger.table()
@@ -186,7 +206,7 @@ def test_a_refused_sampling_changes_nothing_and_later_steps_are_booked() -> None
     (train_on_batch, 20 of them) was booked nowhere; the optimizer's B was changed too."""
     x, y = dense_data(n=64)
     jl = _model(fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, jl_projections=2))
-    with pytest.raises(ValueError, match="exact clipping"):
+    with pytest.raises(ValueError, match="too heavy-tailed"):
         jl.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=4), epochs=1, verbose=0)
     with pytest.raises(ValueError, match="exact clipping"):
         jl.open_segment(fdp_tf.WithoutReplacementSampling(64, 16))
