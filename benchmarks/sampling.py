@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import re
 import sys
 import time
 import warnings
@@ -104,7 +105,11 @@ def _jl_table(settings: list[Any]) -> list[dict[str, Any]]:
                                **_fdp_jl(sigma, r, n, b, epochs)}
         rows.append(row)
         alloc = row["allocation"]
-        shown = _bracket(alloc) if not isinstance(alloc, str) else "refused: " + alloc.split(": ")[-1][:90]
+        if isinstance(alloc, str):  # the refusal: how much tail its lattice would leave per epoch
+            tail = re.search(r"P1-mass (\S+) per epoch", alloc)
+            shown = f"refused ({tail.group(1) if tail else '?'} of P1-mass per epoch above the lattice)"
+        else:
+            shown = _bracket(alloc)
         print(f"| {name} | {_bracket(row['poisson'])} | {row['poisson_s']:.2f} | {shown} "
               f"| {row['allocation_s']:.2f} |", flush=True)
     return rows
