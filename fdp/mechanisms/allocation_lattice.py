@@ -51,8 +51,9 @@ from fdp.pld.cells import Direction
 from fdp.pld.compose import recompute_low_frequencies
 from fdp.pld.roundoff import U, composition_entry_error, composition_l2_error, spectrum_error_terms
 
-__all__ = ["EpochLattice", "epoch_lattice", "loss_error", "optimistic_atoms", "pessimistic_atoms",
-           "MAX_LATTICE_POINTS", "lattice_points"]
+__all__ = ["EpochLattice", "TermSums", "epoch_lattice", "loss_error", "optimistic_atoms", "pessimistic_atoms",
+           "MAX_LATTICE_POINTS", "FIRST_CLASS_SPLIT", "first_class_mass", "lattice_points",
+           "refine_first_class", "term_sums"]
 
 #: Largest lattice (FFT length) built: ~8.4e6 points, ~0.5 GiB of work arrays.
 MAX_LATTICE_POINTS = 2**23
@@ -70,13 +71,37 @@ DIRECT_BUDGET = 300_000_000
 
 @dataclass(frozen=True, eq=False)
 class EpochLattice:
-    """Bounds on the class masses of one epoch, for m = start .. start + q_lo.size - 1.
-
-    ``q_lo <= Q(C_m) <= q_hi``; ``rho_lo <= E_Q[S - m spacing (1 - xi) ; C_m]``;
-    ``rhobar_lo <= E_Q[(m + t) spacing (1 + xi) - S ; C_m]`` (t = ``steps``).
-    """
+    """Bounds on the classes of one epoch: class k's likelihood ratios S / t lie in
+    [``x_lo[k]``, ``x_hi[k]``]; ``q_lo <= Q(C_k) <= q_hi``; ``rho_lo <= E_Q[S - t x_lo ; C_k]``;
+    ``rhobar_lo <= E_Q[t x_hi - S ; C_k]`` (t = ``steps``)."""
 
     steps: int
+    x_lo: np.ndarray
+    x_hi: np.ndarray
+    q_lo: np.ndarray
+    q_hi: np.ndarray
+    rho_lo: np.ndarray
+    rhobar_lo: np.ndarray
+
+    def ratio_range(self) -> tuple[np.ndarray, np.ndarray]:
+        """[x_lo, x_hi] of the split: the class's likelihood ratios S / t lie in it."""
+        return self.x_lo, self.x_hi
+
+    def joined(self, other: "EpochLattice") -> "EpochLattice":
+        """The classes of both (disjoint events of one epoch)."""
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(self, name), getattr(other, name)])
+        return EpochLattice(self.steps, *(cat(f) for f in ("x_lo", "x_hi", "q_lo", "q_hi", "rho_lo", "rhobar_lo")))
+
+
+@dataclass(frozen=True, eq=False)
+class TermSums:
+    """Bounds on the law of M = g_1 + ... + g_n, n iid classes of a :class:`TermLaw` (no
+    overflow), for m = start .. start + q_lo.size - 1: ``q_lo <= Q(M = m) <= q_hi``;
+    ``rho_lo <= E_Q[R - m spacing (1 - xi) ; M = m]``, ``rhobar_lo <= E_Q[(m + n) spacing
+    (1 + xi) - R ; M = m]``, R = W_1 + ... + W_n."""
+
+    terms: int
     spacing: float
     xi: float
     start: int
@@ -88,12 +113,6 @@ class EpochLattice:
     @property
     def m(self) -> np.ndarray:
         return self.start + np.arange(self.q_lo.size, dtype=np.float64)
-
-    def ratio_range(self) -> tuple[np.ndarray, np.ndarray]:
-        """[x_lo, x_hi] of the split: the class C_m's likelihood ratios S / t lie in it."""
-        t = self.steps
-        return (self.m * self.spacing * (1 - self.xi) / t,
-                (self.m + t) * self.spacing * (1 + self.xi) / t)
 
 
 def _block_log_mgf(weights: np.ndarray, theta: float) -> float:
@@ -214,28 +233,31 @@ def lattice_points(law: TermLaw, steps: int) -> int:
     return scipy.fft.next_fast_len(hi - lo, real=True)
 
 
-def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS) -> EpochLattice:
-    """Bounds on the class masses of one epoch of ``steps`` terms (module docstring).
+def term_sums(law: TermLaw, terms: int, max_points: int = MAX_LATTICE_POINTS) -> TermSums:
+    """Bounds on the law of the sum of ``terms`` iid classes (:class:`TermSums`).
 
-    Each is a circular convolution computed by FFT on the window of :func:`window`:
-    the true value lies below the computed one plus its round-off bound (an l2 bound,
-    so one on every entry), and above it minus that and the mass that wrapped in from
-    outside the window (:func:`_wrap_envelope`; rho and rhobar carry <= (t + 1) spacing
-    (1 + xi) per unit of it). The classes' Q-masses are exact up to a relative e =
-    ``law.a_error`` each (2u for one Gaussian), so the t-fold products up to (1 + e)^t.
+    Each is a circular convolution computed by FFT on the Chernoff window: the true
+    value lies below the computed one plus its round-off bound (an l2 bound, so one on
+    every entry), and above it minus that and the mass that wrapped in from outside the
+    window (:func:`_wrap_envelope`; rho and rhobar carry <= (n + 1) spacing (1 + xi) per
+    unit of it). The classes' Q-masses are exact up to a relative e = ``law.a_error``
+    each (2u for one Gaussian), so the n-fold products up to (1 + e)^n. No terms: M = 0.
     """
-    t = steps
-    chernoff = _Chernoff.of(law, t)
+    n_terms = terms
+    if n_terms == 0:
+        one = np.ones(1)
+        return TermSums(0, law.spacing, law.xi, 0, one, one, np.zeros(1), np.zeros(1))
+    chernoff = _Chernoff.of(law, n_terms)
     lo, hi = chernoff.window(WRAP_TAIL)
     n = scipy.fft.next_fast_len(hi - lo, real=True)
     if n > max_points:
         raise ValueError(f"random allocation needs a lattice of {n} points here, more than "
                          f"max_points={max_points}")
-    spectrum_a = _spectrum(law.a, n, t)
-    q_full, q_err = _power_product([(spectrum_a, t)], n)
-    if t > 1:
-        rho_full, rho_err = _power_product([(_spectrum(law.b_lo, n, 1), 1), (spectrum_a, t - 1)], n)
-        bar_full, bar_err = _power_product([(_spectrum(law.bbar_lo, n, 1), 1), (spectrum_a, t - 1)], n)
+    spectrum_a = _spectrum(law.a, n, n_terms)
+    q_full, q_err = _power_product([(spectrum_a, n_terms)], n)
+    if n_terms > 1:
+        rho_full, rho_err = _power_product([(_spectrum(law.b_lo, n, 1), 1), (spectrum_a, n_terms - 1)], n)
+        bar_full, bar_err = _power_product([(_spectrum(law.bbar_lo, n, 1), 1), (spectrum_a, n_terms - 1)], n)
     else:
         rho_full, bar_full = _folded(law.b_lo, n), _folded(law.bbar_lo, n)
         rho_err = bar_err = 0.0
@@ -247,14 +269,55 @@ def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS
 
     q, rho, bar = window_of(q_full), window_of(rho_full), window_of(bar_full)
     wrapped = _wrap_envelope(chernoff, lo, n, hi - lo)
-    grow = math.expm1(t * math.log1p(law.a_error))
-    width = (t + 1) * law.spacing * (1 + law.xi)
+    grow = math.expm1(n_terms * math.log1p(law.a_error))
+    width = (n_terms + 1) * law.spacing * (1 + law.xi)
     q_lo = np.clip((q - q_err - wrapped) * (1 - grow), 0.0, None)
     q_hi = np.clip((q + q_err) * (1 + grow), 0.0, None)
-    rho_lo = np.clip((t * (rho - rho_err) - width * wrapped) * (1 - grow), 0.0, None)
-    bar_lo = np.clip((t * (bar - bar_err) - width * wrapped) * (1 - grow), 0.0, None)
-    return EpochLattice(steps=t, spacing=law.spacing, xi=law.xi, start=lo, q_lo=q_lo, q_hi=q_hi,
-                        rho_lo=rho_lo, rhobar_lo=bar_lo)
+    rho_lo = np.clip((n_terms * (rho - rho_err) - width * wrapped) * (1 - grow), 0.0, None)
+    bar_lo = np.clip((n_terms * (bar - bar_err) - width * wrapped) * (1 - grow), 0.0, None)
+    return TermSums(n_terms, law.spacing, law.xi, lo, q_lo, q_hi, rho_lo, bar_lo)
+
+
+def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS) -> EpochLattice:
+    """The classes C_m = {M = m} of one epoch of ``steps`` terms (module docstring), from
+    :func:`term_sums`: S / t in [m spacing (1 - xi) / t, (m + t) spacing (1 + xi) / t]."""
+    sums = term_sums(law, steps, max_points)
+    t = steps
+    x_lo = sums.m * sums.spacing * (1 - sums.xi) / t
+    x_hi = (sums.m + t) * sums.spacing * (1 + sums.xi) / t
+    return EpochLattice(t, x_lo, x_hi, sums.q_lo, sums.q_hi, sums.rho_lo, sums.rhobar_lo)
+
+
+#: The class M = 0 (every term below the spacing) is refined on a lattice this many times
+#: finer (a power of 2: its top edge is then the coarse class's, bit for bit).
+FIRST_CLASS_SPLIT = 1024
+#: ... where the split would put more Q-mass than this at likelihood ratio 0.
+FIRST_CLASS_MASS = 1e-15
+
+
+def first_class_mass(lattice: EpochLattice) -> float:
+    """Q-mass the split puts at likelihood ratio 0: the class M = 0's share at x_lo = 0, a
+    loss of +inf in the add direction (at t = 2, sigma = 1: 3e-4 per epoch)."""
+    at_zero = lattice.x_lo == 0
+    if not np.any(at_zero):
+        return 0.0
+    width = lattice.x_hi[at_zero] - lattice.x_lo[at_zero]
+    return float(np.sum(lattice.rhobar_lo[at_zero] / (lattice.steps * width)))
+
+
+def refine_first_class(lattice: EpochLattice, finer: EpochLattice) -> EpochLattice:
+    """``lattice`` with its class M = 0 replaced by ``finer``'s classes: ``finer`` is the
+    epoch lattice of the term law restricted below the spacing Delta, on spacing
+    Delta / FIRST_CLASS_SPLIT (classes g' < FIRST_CLASS_SPLIT, the rest its overflow), so
+    its classes partition exactly the event "every term below Delta" that M = 0 is (the
+    top threshold is the same float, so no output is in both or neither), and only its
+    own M' = 0, a far smaller event, still touches likelihood ratio 0."""
+    keep = lattice.x_lo > 0
+
+    def cut(name: str) -> np.ndarray:
+        return getattr(lattice, name)[keep]
+    rest = EpochLattice(lattice.steps, *(cut(f) for f in ("x_lo", "x_hi", "q_lo", "q_hi", "rho_lo", "rhobar_lo")))
+    return rest.joined(finer)
 
 
 def _folded(vector: np.ndarray, n: int) -> np.ndarray:

@@ -34,8 +34,10 @@ from scipy import special
 
 from fdp._validation import check_integer, format_value
 from fdp.mechanisms._atoms import RANGE_MARGIN, atom_cells
-from fdp.mechanisms.allocation_lattice import (MAX_LATTICE_POINTS, TAIL, EpochLattice, epoch_lattice,
-                                               lattice_points, loss_error, optimistic_atoms, pessimistic_atoms)
+from fdp.mechanisms.allocation_lattice import (FIRST_CLASS_MASS, FIRST_CLASS_SPLIT, MAX_LATTICE_POINTS, TAIL,
+                                               EpochLattice, epoch_lattice, first_class_mass, lattice_points,
+                                               loss_error, optimistic_atoms, pessimistic_atoms,
+                                               refine_first_class)
 from fdp.mechanisms.allocation_mixtures import mixture_plan, step_components
 from fdp.mechanisms.allocation_terms import gaussian_term_law, mixture_term_law
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict, register_mechanism
@@ -106,10 +108,20 @@ class RandomAllocation(Mechanism):
                              "k > 1 steps per example is not certified yet. Use steps_per_epoch=t/k "
                              "epochs of k times as many (each 1-of-t/k), or Poisson sampling")
         object.__setattr__(self, "selected", selected)
+        if self.steps_per_epoch == 1:
+            return  # one step at rate 1: the step itself (see _one_step)
         if isinstance(self.mechanism, Gaussian):
             _plan(self.mu, self.steps_per_epoch)  # refuse at once a lattice that would not fit
         else:
             mixture_plan(self.mechanism, self.steps_per_epoch)
+
+    @property
+    def _one_step(self) -> Mechanism | None:
+        """t = 1: the epoch is its step at sampling rate 1, whose own cells are exact where
+        the lattice's class [0, spacing) would put Q-mass at likelihood ratio 0 (a loss of
+        +inf in the add direction: 20 full-batch epochs at sigma 1 had an infinite upper
+        bound); None otherwise."""
+        return self.mechanism if self.steps_per_epoch == 1 else None
 
     @property
     def sampling_rate(self) -> float:  # type: ignore[override]
@@ -130,10 +142,17 @@ class RandomAllocation(Mechanism):
 
     def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
                    focus: tuple[float, float] | None = None) -> LossCells:
+        if self._one_step is not None:
+            return self._one_step.loss_cells(direction, grid, pessimistic=pessimistic, focus=focus)
         losses, masses, p_inf = self._atoms(Direction(direction), pessimistic)
         return atom_cells(grid, losses, masses, p_inf=p_inf, loss_error=loss_error(losses))
 
+    def focus_key(self, direction: Direction, focus: tuple[float, float]) -> Any:
+        return None if self._one_step is None else self._one_step.focus_key(direction, focus)
+
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
+        if self._one_step is not None:
+            return self._one_step.loss_range(direction, tail_mass)
         lo, hi = math.inf, -math.inf
         for pessimistic in (True, False):
             losses, masses, _ = self._atoms(Direction(direction), pessimistic)
@@ -151,6 +170,8 @@ class RandomAllocation(Mechanism):
         curve is f^-1), below the true curve of either ordering."""
         from fdp.tradeoff import PiecewiseLinearCurve
 
+        if self._one_step is not None:
+            return self._one_step.tradeoff()
         losses, masses, p_inf = self._atoms(Direction.REMOVE, True)
         return PiecewiseLinearCurve.from_privacy_loss_atoms(losses, masses, p_inf).symmetrized()
 
@@ -228,8 +249,15 @@ def _too_small(mu: float, steps: int) -> str:
 @functools.lru_cache(maxsize=16)
 def _lattice(mu: float, steps: int) -> EpochLattice:
     spacing, classes = _plan(mu, steps)
-    law = gaussian_term_law(mu, spacing, classes)
-    return epoch_lattice(law, steps)
+    return _refined(epoch_lattice(gaussian_term_law(mu, spacing, classes), steps),
+                    lambda: gaussian_term_law(mu, spacing / FIRST_CLASS_SPLIT, FIRST_CLASS_SPLIT), steps)
+
+
+def _refined(lattice: EpochLattice, finer_law: Any, steps: int) -> EpochLattice:
+    """The class M = 0 on a finer lattice where it would put Q-mass at ratio 0 (small t)."""
+    if first_class_mass(lattice) <= FIRST_CLASS_MASS:
+        return lattice
+    return refine_first_class(lattice, epoch_lattice(finer_law(), steps))
 
 
 @functools.lru_cache(maxsize=64)
@@ -256,4 +284,6 @@ def _mixture_atoms(mechanism: RandomSensitivityBase, steps: int, direction: Dire
 def _mixture_lattice(mechanism: RandomSensitivityBase, steps: int, pessimistic: bool) -> EpochLattice:
     plan = mixture_plan(mechanism, steps)
     mus, weights = step_components(mechanism, pessimistic, plan.mu_sat, plan.mu_min)
-    return epoch_lattice(mixture_term_law(mus, weights, plan.spacing, plan.classes), steps)
+    finer = plan.spacing / FIRST_CLASS_SPLIT
+    return _refined(epoch_lattice(mixture_term_law(mus, weights, plan.spacing, plan.classes), steps),
+                    lambda: mixture_term_law(mus, weights, finer, FIRST_CLASS_SPLIT), steps)
