@@ -135,10 +135,41 @@ def test_mixtures_sum_to_one_with_the_rounding_on_the_safe_side() -> None:
 
 
 def test_too_few_projections_are_refused_with_what_to_do() -> None:
-    """sigma = 1, r = 30, t = 235: a lattice within budget would leave ~1e-6 of P1-mass per
-    epoch beyond its top (charged at +inf: 1e-4 after 100 epochs); refused at construction."""
+    """sigma = 1, r = 3, t = 235: the JL step's P1 tail reaches log W ~ 10^3; the lattice and
+    its large-term classes would leave ~3e-5 of P1-mass per epoch beyond them (charged at
+    +inf every epoch); refused at construction. A lattice too long for its steps says so."""
     with pytest.raises(ValueError, match="too heavy-tailed .* more jl_projections"):
-        fdp.RandomAllocation(fdp.JL(noise_multiplier=1.0, jl_projections=30), steps_per_epoch=235)
+        fdp.RandomAllocation(fdp.JL(noise_multiplier=1.0, jl_projections=3), steps_per_epoch=235)
+    with pytest.raises(ValueError, match="steps_per_epoch=100000 is too many"):
+        fdp.RandomAllocation(fdp.Gaussian(noise_multiplier=2.0), steps_per_epoch=100_000)
+
+
+def test_a_large_term_on_log_classes_brackets_the_mpmath_delta() -> None:
+    """Two atoms, z = 1 and 3 (weight 0.1), sigma 1, t = 2: the term's P1 tail reaches
+    log W ~ 24, beyond what the linear lattice holds (its top is log W ~ 12); the events
+    with one term above it are classes of their own (allocation_big), and the bracket
+    holds the mpmath truth within 2 % (it was 73 % wide before the spacing was taken from
+    the bulk rather than from the tail)."""
+    from fdp.mechanisms.allocation_mixtures import mixture_plan
+
+    z, w, sigma = [1.0, 3.0], [0.9, 0.1], 1.0
+    mechanism = _discrete(z, w, sigma)
+    assert mixture_plan(mechanism, 2).log_edges is not None
+    lower, upper = fdp.PLDAccountant().compose(fdp.RandomAllocation(mechanism, steps_per_epoch=2)).get_delta_bounds(2.0)
+    truth = _two_step_delta(z, w, sigma, 2.0)
+    assert lower <= truth <= upper
+    assert upper - lower <= 2e-2 * truth
+
+
+def test_jl_with_thirty_projections_at_sigma_one_is_accounted_below_poisson() -> None:
+    """sigma 1, r = 30, t = 235, 10 epochs (refused before the large-term classes): a
+    bracket under 0.5 %, below Poisson JL's (a measured fact)."""
+    epoch = fdp.RandomAllocation(fdp.JL(noise_multiplier=1.0, jl_projections=30), steps_per_epoch=235)
+    lower, upper = fdp.PLDAccountant().compose(epoch, steps=10).get_epsilon_bounds(1e-5)
+    assert upper - lower <= 5e-3 * upper
+    poisson = fdp.PLDAccountant().compose(fdp.JL(noise_multiplier=1.0, jl_projections=30, sampling_rate=1 / 235),
+                                          steps=2350).get_epsilon_bounds(1e-5)
+    assert upper < poisson[0]
 
 
 def test_jl_epoch_json_round_trip() -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from fdp.mechanisms.allocation_big import BIG_WIDTH
 from fdp.mechanisms.allocation_lattice import MAX_LATTICE_POINTS, TAIL
 from fdp.mechanisms.gaussian import Gaussian
 from fdp.mechanisms.random_sensitivity.cells import components
@@ -43,7 +44,7 @@ __all__ = ["CELL_WIDTH", "MU_CAP", "MixturePlan", "mixture_plan", "mixture_tail"
            "truncated_variance"]
 
 #: Relative width of the Z-cells of a continuous law.
-CELL_WIDTH = 0.04
+CELL_WIDTH = 0.01
 #: Components above this mu are taken as mu = inf (upper) or dropped to 0 (lower) before
 #: any lattice is planned: a term's W then exceeds e^700 with P1-probability 1 - 1e-300.
 MU_CAP = 40.0
@@ -52,8 +53,10 @@ CLASS_BUDGET = 20_000_000
 #: P1-mass of a term beyond the top class, charged at +inf on the upper side, above which
 #: a mixture is refused (every epoch adds it to delta: 1e-9 x 1,000 epochs = 1e-6).
 TAIL_LIMIT = 1e-9
-#: Lattice spacing as a fraction of the sd of one epoch's likelihood ratio S / t.
+#: Lattice spacing as a fraction of the sd of one epoch's likelihood ratio S / t (one term
+#: cut where its P1 tail is BULK_TAIL).
 SPACING_PER_SD = 1 / 16
+BULK_TAIL = 0.05
 #: Mass of each tail of Z left out of the cells (to mu = inf above, into the first cell below).
 _Q_END = 1e-30
 
@@ -139,6 +142,13 @@ def mixture_tail(mus: np.ndarray, weights: np.ndarray, log_w: float) -> float:
     return float(np.sum(weights[finite] * special.ndtr(-(log_w - 0.5 * m * m) / m)))
 
 
+def mixture_q_tail(mus: np.ndarray, weights: np.ndarray, log_w: float) -> float:
+    """An upper bound on Q(W >= e^log_w), log_w > 0 (mu = inf and 0 have no W above 1)."""
+    finite = np.isfinite(mus) & (mus > 0)
+    m = mus[finite]
+    return float(np.sum(weights[finite] * special.ndtr(-(log_w + 0.5 * m * m) / m))) * (1 + 1e-12) + 1e-300
+
+
 def truncated_variance(mus: np.ndarray, weights: np.ndarray, log_w: float) -> float:
     """Var_Q of one term W truncated to W < e^log_w (mu = inf counts as W = 0, mu = 0 as W = 1)."""
     finite = np.isfinite(mus) & (mus > 0)
@@ -164,34 +174,62 @@ class MixturePlan:
     mu_sat: float
     mu_min: float
     tail: float
+    log_edges: np.ndarray | None = None  # the large term's classes (allocation_big), if any
 
 
 @functools.lru_cache(maxsize=16)
 def mixture_plan(mechanism: Any, steps: int) -> MixturePlan:
-    """Spacing ``SPACING_PER_SD`` of the sd of S / t (W truncated at the top), the top where
-    the mixture's P1 tail is ``TAIL``, or lower where components x classes would exceed
-    ``CLASS_BUDGET``; refused if the tail left above the top exceeds ``TAIL_LIMIT``."""
+    """The lattice of a mixture: spacing ``SPACING_PER_SD`` of the sd of S / t with W cut
+    at the bulk (where the P1 tail is ``BULK_TAIL``: a heavy component's tail would
+    otherwise coarsen the spacing where the answer is decided), classes up to where
+    the P1 tail is ``TAIL``, or, past ``CLASS_BUDGET`` (components x classes), up to a top
+    T0 with the large term on log classes above it up to that point
+    (:mod:`fdp.mechanisms.allocation_big`); two terms at or above T0 are charged,
+    P1(W >= T0) (t-1) Q(W >= T0) + C(t-1, 2) Q(W >= T0)^2, and where that exceeds a tenth
+    of ``TAIL_LIMIT`` the spacing doubles (a higher T0). Refused if what is charged at
+    +inf per epoch exceeds ``TAIL_LIMIT``."""
     mus, weights = step_components(mechanism, True)
-    log_top = _tail_quantile(mus, weights, TAIL)
-    spacing = classes = 0
-    for _ in range(8):
-        spacing = math.sqrt(truncated_variance(mus, weights, log_top) / steps) * SPACING_PER_SD
-        mu_sat = _saturation(log_top)
-        live = int(np.sum((mus > 0) & (mus <= mu_sat)))
-        budget = min(CLASS_BUDGET // max(live, 1), MAX_LATTICE_POINTS // 4)
-        classes = int(math.ceil(math.exp(log_top) / spacing)) + 1
-        if classes <= budget:
-            break
-        log_top = math.log((budget - 1) * spacing) - 1e-9
-    else:
-        classes = min(classes, budget)
-        log_top = math.log((classes - 1) * spacing)
+    log_max = _tail_quantile(mus, weights, TAIL)
+    spacing = math.sqrt(truncated_variance(mus, weights, _tail_quantile(mus, weights, BULK_TAIL)) / steps)
+    spacing = max(spacing * SPACING_PER_SD, 1e-12)
+    live = int(np.sum((mus > 0) & (mus <= _saturation(log_max))))
+    budget = min(CLASS_BUDGET // max(live, 1), MAX_LATTICE_POINTS // 4)
+    log_edges, pairs = None, 0.0
+    classes = int(math.ceil(math.exp(log_max) / spacing)) + 1
+    if classes > budget:
+        if steps == 1:
+            raise ValueError(_too_heavy(mechanism, steps, mixture_tail(mus, weights, math.log(budget * spacing))))
+        for _ in range(60):
+            classes = budget
+            log_t0 = math.log(classes * spacing)
+            pairs = _two_large(mus, weights, log_t0, steps)
+            if pairs <= 0.1 * TAIL_LIMIT or log_t0 >= log_max:
+                break
+            spacing *= 2
+        count = max(1, int(math.ceil((log_max - log_t0) / BIG_WIDTH)))
+        log_edges = log_t0 + np.arange(count + 1) * BIG_WIDTH
+    log_top = float(log_edges[-1]) if log_edges is not None else math.log(classes * spacing)
     mu_sat = _saturation(log_top)
-    tail = mixture_tail(mus, weights, log_top) + float(np.sum(weights[mus > mu_sat]))
-    points = (math.exp(log_top) + 16 * math.sqrt(truncated_variance(mus, weights, log_top) * steps) + steps) / spacing
-    if tail > TAIL_LIMIT or points > MAX_LATTICE_POINTS:
+    tail = mixture_tail(mus, weights, log_top) + float(np.sum(weights[mus > mu_sat])) + pairs
+    # the FFT window: the small classes' sum, spread ~16 sd of its t terms (each cut at T0)
+    log_t0 = math.log(classes * spacing)
+    points = classes + 16 * math.sqrt(truncated_variance(mus, weights, log_t0) * steps) / spacing + steps
+    if points > MAX_LATTICE_POINTS:
+        raise ValueError(f"random-allocation accounting of {mechanism!r} with steps_per_epoch={steps} needs "
+                         f"a lattice of ~{points:.3g} points, more than {MAX_LATTICE_POINTS}: fewer steps per "
+                         "epoch (a larger batch) or Poisson sampling")
+    if tail > TAIL_LIMIT:
         raise ValueError(_too_heavy(mechanism, steps, tail))
-    return MixturePlan(spacing=spacing, classes=classes, mu_sat=mu_sat, mu_min=spacing, tail=tail)
+    return MixturePlan(spacing=spacing, classes=classes, mu_sat=mu_sat, mu_min=spacing, tail=tail,
+                       log_edges=log_edges)
+
+
+def _two_large(mus: np.ndarray, weights: np.ndarray, log_t0: float, steps: int) -> float:
+    """A bound on the P-mass of two or more terms at or above T0 = e^log_t0: the
+    example's term and another, or two others (the singular mu = inf part counts as large)."""
+    q_big = mixture_q_tail(mus, weights, log_t0)
+    p_big = mixture_tail(mus, weights, log_t0) + float(np.sum(weights[~np.isfinite(mus)]))
+    return p_big * (steps - 1) * q_big + 0.5 * (steps - 1) * (steps - 2) * q_big * q_big
 
 
 def _tail_quantile(mus: np.ndarray, weights: np.ndarray, tail: float) -> float:
@@ -211,6 +249,6 @@ def _saturation(log_top: float) -> float:
 
 def _too_heavy(mechanism: Any, steps: int, tail: float) -> str:
     return (f"{mechanism!r} is too heavy-tailed for random-allocation accounting with steps_per_epoch={steps}: "
-            f"a lattice within budget leaves P1-mass {tail:.3g} per epoch beyond its top (the limit is "
-            f"{TAIL_LIMIT:g}). Use a larger noise_multiplier or more jl_projections, or account Poisson "
-            "sampling instead")
+            f"a lattice within budget leaves P1-mass {tail:.3g} per epoch beyond its classes (above its top, "
+            f"or two large terms in one epoch; the limit is {TAIL_LIMIT:g}). Use a larger noise_multiplier or "
+            "more jl_projections, or account Poisson sampling instead")

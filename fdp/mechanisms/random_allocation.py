@@ -37,7 +37,8 @@ from fdp.mechanisms._atoms import RANGE_MARGIN, atom_cells
 from fdp.mechanisms.allocation_lattice import (FIRST_CLASS_MASS, FIRST_CLASS_SPLIT, MAX_LATTICE_POINTS, TAIL,
                                                EpochLattice, epoch_lattice, first_class_mass, lattice_points,
                                                loss_error, optimistic_atoms, pessimistic_atoms,
-                                               refine_first_class)
+                                               refine_first_class, term_sums)
+from fdp.mechanisms.allocation_big import big_classes, mixture_big_law
 from fdp.mechanisms.allocation_mixtures import mixture_plan, step_components
 from fdp.mechanisms.allocation_terms import gaussian_term_law, mixture_term_law
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict, register_mechanism
@@ -110,8 +111,8 @@ class RandomAllocation(Mechanism):
         object.__setattr__(self, "selected", selected)
         if self.steps_per_epoch == 1:
             return  # one step at rate 1: the step itself (see _one_step)
-        if isinstance(self.mechanism, Gaussian):
-            _plan(self.mu, self.steps_per_epoch)  # refuse at once a lattice that would not fit
+        if isinstance(self.mechanism, Gaussian):  # refuse at once a lattice that would not fit
+            _plan(self.mu, self.steps_per_epoch)
         else:
             mixture_plan(self.mechanism, self.steps_per_epoch)
 
@@ -156,11 +157,15 @@ class RandomAllocation(Mechanism):
         lo, hi = math.inf, -math.inf
         for pessimistic in (True, False):
             losses, masses, _ = self._atoms(Direction(direction), pessimistic)
+            if losses.size == 0:  # everything at +inf (or dropped): no finite range to add
+                continue
             order = np.argsort(losses)
             cum = np.cumsum(masses[order])
             first = min(int(np.searchsorted(cum, tail_mass, side="right")), losses.size - 1)
             last = min(int(np.searchsorted(cum, cum[-1] - tail_mass, side="left")), losses.size - 1)
             lo, hi = min(lo, float(losses[order][first])), max(hi, float(losses[order][last]))
+        if lo > hi:
+            lo = hi = 0.0
         width = max(hi - lo, abs(hi), abs(lo), 1e-300) * RANGE_MARGIN
         return lo - width, hi + width
 
@@ -222,8 +227,9 @@ def _classes(mu: float, spacing: float) -> int:
 
 
 def _estimated_points(mu: float, steps: int, spacing: float) -> float:
-    # the window of M spans about top + 16 sd(S) in units of S (the Chernoff edges, generously)
-    return (math.exp(_log_top(mu)) + 16 * _sd(mu, steps) * steps + steps) / spacing
+    # the window of M spans about top + 16 sd(S) in units of S (the Chernoff edges, generously),
+    # and t classes more (S in [M spacing, (M + t) spacing)); it starts near t / spacing, not 0
+    return (math.exp(_log_top(mu)) + 16 * _sd(mu, steps) * steps) / spacing + steps
 
 
 def _estimated_plan(mu: float, steps: int) -> tuple[float, int]:
@@ -240,10 +246,27 @@ def _estimated_plan(mu: float, steps: int) -> tuple[float, int]:
 
 
 def _too_small(mu: float, steps: int) -> str:
+    if mu > _ANY_SIGMA and not _fits(_ANY_SIGMA, steps):  # no noise multiplier would do: t is the cause
+        return (f"steps_per_epoch={steps} is too many for random-allocation accounting: one epoch's "
+                f"lattice grows with the steps, and at this many it would exceed {MAX_LATTICE_POINTS} points "
+                "whatever the noise multiplier. Use fewer steps per epoch (a larger batch; 10,000 fit) or "
+                "account Poisson sampling")
     return (f"noise_multiplier={1 / mu:.4g} is too small for random-allocation accounting with "
             f"steps_per_epoch={steps}: one epoch's likelihood ratio is so heavy-tailed that its "
             f"lattice would exceed {MAX_LATTICE_POINTS} points. Use a noise multiplier of about 0.8 or "
             "more, or account Poisson sampling instead")
+
+
+#: mu of a noise multiplier of 1000: a lattice that does not fit there fits at no sigma.
+_ANY_SIGMA = 1e-3
+
+
+def _fits(mu: float, steps: int) -> bool:
+    try:
+        _plan(mu, steps)
+    except ValueError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=16)
@@ -285,5 +308,9 @@ def _mixture_lattice(mechanism: RandomSensitivityBase, steps: int, pessimistic: 
     plan = mixture_plan(mechanism, steps)
     mus, weights = step_components(mechanism, pessimistic, plan.mu_sat, plan.mu_min)
     finer = plan.spacing / FIRST_CLASS_SPLIT
-    return _refined(epoch_lattice(mixture_term_law(mus, weights, plan.spacing, plan.classes), steps),
-                    lambda: mixture_term_law(mus, weights, finer, FIRST_CLASS_SPLIT), steps)
+    law = mixture_term_law(mus, weights, plan.spacing, plan.classes)
+    lattice = _refined(epoch_lattice(law, steps), lambda: mixture_term_law(mus, weights, finer, FIRST_CLASS_SPLIT),
+                       steps)
+    if plan.log_edges is None:
+        return lattice
+    return lattice.joined(big_classes(mixture_big_law(mus, weights, plan.log_edges), term_sums(law, steps - 1), steps))
