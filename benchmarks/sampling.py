@@ -42,7 +42,10 @@ JL_SETTINGS = [
     ("sigma 2, r 30, t 235, 60 epochs", 2.0, 30, 60000, 256, 60),
     ("sigma 1, r 100, t 235, 10 epochs", 1.0, 100, 60000, 256, 10),
     ("sigma 3, r 30, t 49, 100 epochs", 3.0, 30, 50000, 1024, 100),
-    ("sigma 1, r 30, t 235, 10 epochs (refused)", 1.0, 30, 60000, 256, 10),
+    ("sigma 1, r 30, t 235, 10 epochs", 1.0, 30, 60000, 256, 10),
+    ("sigma 1, r 10, t 235, 10 epochs", 1.0, 10, 60000, 256, 10),
+    ("the seed's IMDb: sigma 0.6, r 30, t 98, 15 epochs", 0.6, 30, 25000, 256, 15),
+    ("sigma 1, r 3, t 235, 10 epochs (refused)", 1.0, 3, 60000, 256, 10),
 ]
 JL_QUICK = [("quick: sigma 3, r 30, t 11, 3 epochs", 3.0, 30, 1050, 100, 3)]
 DELTA = 1e-5
