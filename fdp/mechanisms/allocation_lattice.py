@@ -289,7 +289,7 @@ def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS
 
 
 #: The class M = 0 (every term below the spacing) is refined on a lattice this many times
-#: finer (a power of 2: its top edge is then the coarse class's, bit for bit).
+#: finer (a power of 2: its top edge is the coarse class's W, moved just below it; see refine_first_class).
 FIRST_CLASS_SPLIT = 1024
 #: ... where the split would put more Q-mass than this at likelihood ratio 0.
 FIRST_CLASS_MASS = 1e-15
@@ -309,9 +309,10 @@ def refine_first_class(lattice: EpochLattice, finer: EpochLattice) -> EpochLatti
     """``lattice`` with its class M = 0 replaced by ``finer``'s classes: ``finer`` is the
     epoch lattice of the term law restricted below the spacing Delta, on spacing
     Delta / FIRST_CLASS_SPLIT (classes g' < FIRST_CLASS_SPLIT, the rest its overflow), so
-    its classes partition exactly the event "every term below Delta" that M = 0 is (the
-    top threshold is the same float, so no output is in both or neither), and only its
-    own M' = 0, a far smaller event, still touches likelihood ratio 0."""
+    its classes lie inside the event "every term below Delta" that M = 0 is (its top edge
+    moved down past the coarse threshold: ``inside=True`` of the term laws; what falls
+    between belongs to no class, none to two), and only its own M' = 0, a far smaller
+    event, still touches likelihood ratio 0."""
     keep = lattice.x_lo > 0
 
     def cut(name: str) -> np.ndarray:

@@ -104,7 +104,8 @@ def _cell_masses(y: np.ndarray) -> np.ndarray:
     return np.maximum(masses, 0.0)
 
 
-def gaussian_term_law(mu: float, spacing: float, classes: int, y_cut: float | None = None) -> TermLaw:
+def gaussian_term_law(mu: float, spacing: float, classes: int, y_cut: float | None = None,
+                      inside: bool = False) -> TermLaw:
     """:class:`TermLaw` of W = exp(mu Y - mu^2/2), Y ~ N(0, 1): class g is
     Y in (y_g, y_{g+1}], y_g = (log(g spacing) + mu^2/2) / mu.
 
@@ -133,6 +134,12 @@ def gaussian_term_law(mu: float, spacing: float, classes: int, y_cut: float | No
     ``y_cut``: only the classes met by Y in [-y_cut, y_cut + mu] (and class 0) are
     computed; the outputs of the others join the overflow (Q- and P1-mass
     <= Phi(-y_cut) each side), so what is computed is still the exact partition.
+
+    ``inside``: the top edge moves down by a gap in Y past every threshold that another
+    computation of the same W = classes spacing may have made (the monotone tails of
+    :func:`_cell_masses` move a threshold by up to s, differently in another array): the
+    classes then lie inside that computation's class below it (the outputs in the gap
+    belong to no class), never partly beside it.
     """
     if y_cut is None:
         g_lo, g_hi = 1, classes
@@ -146,6 +153,10 @@ def gaussian_term_law(mu: float, spacing: float, classes: int, y_cut: float | No
         log_w = np.log(g * spacing)
         y = (log_w + 0.5 * mu * mu) / mu  # y_0 = -inf
     shift = 2 * 1.26 * NDTR_ERROR
+    if inside and g_hi == classes:
+        y = y.copy()
+        y[-1] -= 2 * shift + 64 * U * (abs(float(y[-1])) + 1.0)
+        shift = 3 * shift + 64 * U * (abs(float(y[-1])) + 1.0)  # how far an end may now be from its edge
     top_log = max(abs(math.log(spacing)), abs(math.log(classes * spacing)))
     xi = math.expm1(mu * shift + 16 * U * (top_log + mu * mu + 1.0))
     masses = _cell_masses(y)
@@ -175,7 +186,8 @@ def gaussian_term_law(mu: float, spacing: float, classes: int, y_cut: float | No
     return TermLaw(spacing=spacing, xi=xi, a=a, b_lo=b, bbar_lo=bbar, overflow_q=over_q, overflow_p1=over_p1)
 
 
-def mixture_term_law(mus: np.ndarray, weights: np.ndarray, spacing: float, classes: int) -> TermLaw:
+def mixture_term_law(mus: np.ndarray, weights: np.ndarray, spacing: float, classes: int,
+                     inside: bool = False) -> TermLaw:
     """:class:`TermLaw` of a finite mixture: component i (weight w_i, its label released
     with the output) has W = exp(mu_i Y - mu_i^2/2), Y ~ N(0, 1).
 
@@ -213,7 +225,7 @@ def mixture_term_law(mus: np.ndarray, weights: np.ndarray, spacing: float, class
             b_lo[g] += w * max(0.0, 1.0 - g * spacing * (1 + 4 * U)) * (1 - 4 * U)
             bbar_lo[g] += w * max(0.0, (g + 1) * spacing * (1 - 4 * U) - 1.0) * (1 - 4 * U)
         else:
-            parts = gaussian_term_law(mu, spacing, classes, y_cut=Y_CUT)
+            parts = gaussian_term_law(mu, spacing, classes, y_cut=Y_CUT, inside=inside)
             a += w * parts.a
             b_lo += w * parts.b_lo
             bbar_lo += w * parts.bbar_lo

@@ -273,7 +273,7 @@ def _fits(mu: float, steps: int) -> bool:
 def _lattice(mu: float, steps: int) -> EpochLattice:
     spacing, classes = _plan(mu, steps)
     return _refined(epoch_lattice(gaussian_term_law(mu, spacing, classes), steps),
-                    lambda: gaussian_term_law(mu, spacing / FIRST_CLASS_SPLIT, FIRST_CLASS_SPLIT), steps)
+                    lambda: gaussian_term_law(mu, spacing / FIRST_CLASS_SPLIT, FIRST_CLASS_SPLIT, inside=True), steps)
 
 
 def _refined(lattice: EpochLattice, finer_law: Any, steps: int) -> EpochLattice:
@@ -309,7 +309,7 @@ def _mixture_lattice(mechanism: RandomSensitivityBase, steps: int, pessimistic: 
     mus, weights = step_components(mechanism, pessimistic, plan.mu_sat, plan.mu_min)
     finer = plan.spacing / FIRST_CLASS_SPLIT
     law = mixture_term_law(mus, weights, plan.spacing, plan.classes)
-    lattice = _refined(epoch_lattice(law, steps), lambda: mixture_term_law(mus, weights, finer, FIRST_CLASS_SPLIT),
+    lattice = _refined(epoch_lattice(law, steps), lambda: mixture_term_law(mus, weights, finer, FIRST_CLASS_SPLIT, inside=True),
                        steps)
     if plan.log_edges is None:
         return lattice
