@@ -146,12 +146,14 @@ class PLDAccountant:
         return sum(c for _, c in self._events)
 
     def _grouped(self) -> list[tuple[Mechanism, int]]:
-        """Events with equal mechanisms merged (composition is commutative) and null
-        mechanisms (``is_null``: loss exactly 0) left out, since composing them is the
-        identity; if every mechanism is null, one step of one of them stands for all."""
+        """Events as the mechanisms they compose (:meth:`Mechanism.parts`), equal ones
+        merged (composition is commutative) and null mechanisms (``is_null``: loss
+        exactly 0) left out, since composing them is the identity; if every mechanism is
+        null, one step of one of them stands for all."""
         counts: dict[Mechanism, int] = {}
-        for m, c in self._events:
-            counts[m] = counts.get(m, 0) + c
+        for event, c in self._events:
+            for m, times in event.parts():
+                counts[m] = counts.get(m, 0) + c * times
         kept = [(m, c) for m, c in counts.items() if not m.is_null()]
         return kept or [(next(iter(counts)), 1)]
 

@@ -168,23 +168,29 @@ def calibrate_noise_multiplier(
     def eps_up(sigma: float) -> float:
         """Certified upper bound on epsilon at sigma; inf where the accountant fails."""
         if sigma not in cache:
-            mech = factory(sigma)
-            if not isinstance(mech, Mechanism):
-                raise ValueError(
-                    "mechanism must return an fdp mechanism (e.g. fdp.Gaussian) for each "
-                    f"noise multiplier; got {type(mech).__name__} at sigma={sigma:.6g}"
-                )
-            acc = _fresh_accountant(template)
-            acc.compose(mech, steps=steps)
             try:
-                with warnings.catch_warnings():  # probing sigmas far off the answer is expected
-                    warnings.simplefilter("ignore", UserWarning)
-                    cache[sigma] = float(acc.get_epsilon(delta))
+                mech = factory(sigma)
             except ValueError as err:
-                # the accountant cannot certify this sigma (e.g. a loss range too
-                # wide for its grid): treat it as missing the target (safe side)
-                cache[sigma] = math.inf
-                failures[sigma] = str(err)
+                # refused at this sigma (e.g. random allocation at a small sigma, whose
+                # lattice would not fit): missing the target, the safe side
+                mech, cache[sigma], failures[sigma] = None, math.inf, str(err)
+            if mech is not None:
+                if not isinstance(mech, Mechanism):
+                    raise ValueError(
+                        "mechanism must return an fdp mechanism (e.g. fdp.Gaussian) for each "
+                        f"noise multiplier; got {type(mech).__name__} at sigma={sigma:.6g}"
+                    )
+                acc = _fresh_accountant(template)
+                acc.compose(mech, steps=steps)
+                try:
+                    with warnings.catch_warnings():  # probing sigmas far off the answer is expected
+                        warnings.simplefilter("ignore", UserWarning)
+                        cache[sigma] = float(acc.get_epsilon(delta))
+                except ValueError as err:
+                    # the accountant cannot certify this sigma (e.g. a loss range too
+                    # wide for its grid): treat it as missing the target (safe side)
+                    cache[sigma] = math.inf
+                    failures[sigma] = str(err)
             if cache[sigma] <= eps_target:
                 bracket[1] = min(bracket[1], sigma)
             else:
@@ -338,7 +344,7 @@ def _mechanism_factory(
                 "jl_projections is only used with mechanism='jl'; "
                 f"got jl_projections={format_value(jl_projections)} with a callable mechanism"
             )
-        probe = mechanism(1.0)
+        probe = _first_built(mechanism)
         if not isinstance(probe, Mechanism):
             raise ValueError(
                 "mechanism must be 'gaussian', 'jl' or a callable sigma -> fdp.Mechanism; "
@@ -372,6 +378,18 @@ def _mechanism_factory(
     from fdp.mechanisms.jl import JL
 
     return (lambda sigma: JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p)), p, r
+
+
+def _first_built(mechanism: Callable[[float], Any]) -> Any:
+    """mechanism(sigma) at sigma = 1, or at 10, 100, 1000 where smaller ones are refused
+    (random allocation refuses a sigma whose lattice would not fit); the last refusal
+    if every one is."""
+    for sigma in (1.0, 10.0, 100.0):
+        try:
+            return mechanism(sigma)
+        except ValueError:
+            continue
+    return mechanism(1000.0)
 
 
 def _fresh_accountant(template: PLDAccountant) -> PLDAccountant:

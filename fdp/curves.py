@@ -36,7 +36,7 @@ from fdp.pld.capped import capped_optimistic_plds
 from fdp.pld.cells import Direction
 from fdp.pld.compose import compose
 from fdp.pld.discretise import discretise_optimistic, discretise_pessimistic
-from fdp.pld.queries import tail_budget
+from fdp.pld.queries import gap_unwarned, tail_budget
 
 __all__ = ["CAP_POINTS", "CAP_WINDOW", "HEAVY_POINTS", "epsilon_curve"]
 
@@ -73,6 +73,8 @@ def epsilon_curve(mechanism: Mechanism, steps: Sequence[int], delta: float, *,
     if not counts or any(b <= a for a, b in zip(counts, counts[1:])):
         raise ValueError(f"steps must be a non-empty increasing list of integers >= 1; got {list(steps)}")
     tick = progress if progress is not None else (lambda: None)
+    if mechanism.parts() != ((mechanism, 1),):  # composed of other mechanisms (k-of-t allocation)
+        return _each_by_accountant(mechanism, counts, delta, tick)
     t_max = counts[-1]
     tail = tail_budget(delta)
     acc = PLDAccountant().compose(mechanism, steps=t_max)
@@ -121,6 +123,17 @@ def epsilon_curve(mechanism: Mechanism, steps: Sequence[int], delta: float, *,
                 lowers.setdefault(other, side(other, False))
                 lo = max(lo, eps(lowers[other], t, False))
         rows.append((lo, hi))
+        tick()
+    return _monotone_in_steps(rows)
+
+
+def _each_by_accountant(mechanism: Mechanism, counts: list[int], delta: float,
+                        tick: Any) -> list[tuple[float, float]]:
+    """One accountant query per point, for a mechanism the accountant composes as parts."""
+    rows = []
+    for t in counts:
+        with gap_unwarned():
+            rows.append(PLDAccountant().compose(mechanism, steps=t).get_epsilon_bounds(delta))
         tick()
     return _monotone_in_steps(rows)
 

@@ -90,15 +90,17 @@ def dpsgd(
     jl_projections: int | None = None,
     accountant: Any = None,
     sampling: str = "poisson",
+    selected: int = 1,
 ) -> Any:
     """The accountant of ``epochs`` epochs of DP-SGD (or DP-SGD-JL with r projections).
 
     ``sampling="poisson"``: each step is the Poisson-subsampled Gaussian mechanism at
     p = B / N (:class:`fdp.Gaussian`), or with ``jl_projections`` = r the JL mechanism
     of DP-SGD-JL (:class:`fdp.JL`), composed over :func:`epochs_to_steps` steps.
-    ``sampling="random_allocation"``: ceil(E) epochs of t = ceil(N / B) steps, each
-    example in exactly one step per epoch (:class:`fdp.RandomAllocation`, of the
-    Gaussian step or, with ``jl_projections``, of the JL step).
+    ``sampling="random_allocation"``: ceil(E) epochs of t = ceil(N k / B) steps, each
+    example in exactly k = ``selected`` steps per epoch, so a step's expected batch is
+    N k / t ~ B (:class:`fdp.RandomAllocation`, of the Gaussian step or, with
+    ``jl_projections`` and k = 1, of the JL step).
     ``sampling="without_replacement"``: the same steps, each on exactly B examples drawn
     without replacement, under replace-one (:class:`fdp.SampledWithoutReplacement`; a
     replaced example moves the clipped sum by up to 2C, so the step's noise multiplier
@@ -113,6 +115,8 @@ def dpsgd(
       accountant: an :class:`fdp.PLDAccountant` with the settings to use; the steps
         are recorded on it, after any events it holds. Default: a new one.
       sampling: how batches are drawn, one of :data:`SAMPLING_SCHEMES`.
+      selected: k >= 1, the steps each example is used in per epoch
+        (``sampling="random_allocation"`` only; k > 1 for DP-SGD only).
 
     Returns:
       The :class:`fdp.PLDAccountant`; e.g. ``.get_epsilon_bounds(delta=1e-5)``.
@@ -129,6 +133,10 @@ def dpsgd(
         raise ValueError(f"sampling must be one of {list(SAMPLING_SCHEMES)}; got {format_value(sampling)}")
     steps = epochs_to_steps(epochs, batch_size, dataset_size)
     p = sampling_rate(batch_size, dataset_size)
+    selected = check_integer("selected", selected, low=1)
+    if selected != 1 and sampling != "random_allocation":
+        raise ValueError(f"selected={selected} (steps per example per epoch) is for sampling='random_allocation'; "
+                         f"got sampling={sampling!r}: leave selected=1")
     if sampling == "without_replacement" and jl_projections is not None:
         raise ValueError(f"sampling={sampling!r} is accounted for DP-SGD only (jl_projections=None); "
                          f"got jl_projections={format_value(jl_projections)}: use sampling='poisson' or "
@@ -142,15 +150,16 @@ def dpsgd(
     elif sampling == "random_allocation":
         from fdp.mechanisms.random_allocation import RandomAllocation
 
-        t = steps_per_epoch(batch_size, dataset_size)
+        t = -(-int(dataset_size) * selected // int(batch_size))  # ceil(N k / B), B and N checked above
         if jl_projections is None:
             step: Any = Gaussian(noise_multiplier=noise_multiplier)
         else:
             from fdp.mechanisms.jl import JL
 
             step = JL(noise_multiplier=noise_multiplier, jl_projections=jl_projections)
-        mechanism = RandomAllocation(step, steps_per_epoch=t)
-        steps = -(-steps // t)  # whole epochs: a partial one is charged as a whole one
+        mechanism = RandomAllocation(step, steps_per_epoch=t, selected=selected)
+        # whole epochs: a partial one is charged as a whole one
+        steps = -(-steps // steps_per_epoch(batch_size, dataset_size))
     elif jl_projections is None:
         mechanism = Gaussian(noise_multiplier=noise_multiplier, sampling_rate=p)
     else:

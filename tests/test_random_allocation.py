@@ -148,7 +148,7 @@ def test_json_round_trip_and_equality() -> None:
     (dict(mechanism=fdp.Laplace(scale=1.0), steps_per_epoch=10), "mechanism"),
     (dict(mechanism=fdp.Gaussian(noise_multiplier=1.0, sampling_rate=0.5), steps_per_epoch=10), "sampling_rate"),
     (dict(mechanism=fdp.Gaussian(noise_multiplier=1.0), steps_per_epoch=0), "steps_per_epoch"),
-    (dict(mechanism=fdp.Gaussian(noise_multiplier=1.0), steps_per_epoch=10, selected=2), "selected"),
+    (dict(mechanism=fdp.Gaussian(noise_multiplier=1.0), steps_per_epoch=10, selected=11), "selected"),
     (dict(mechanism=fdp.Gaussian(noise_multiplier=0.3), steps_per_epoch=10), "noise_multiplier"),
 ])
 def test_bad_input_is_a_value_error_naming_it(kwargs: dict, name: str) -> None:

@@ -150,11 +150,19 @@ def accountant_of(args: argparse.Namespace):
 
     sigma = sigma_of(args)
     r = projections_of(args)
+    check_selected(args)
     if getattr(args, "sampling", "poisson") != "poisson":
         return _fixed_structure(args, sigma, r)
     p, t, info = steps_of(args)
     mech = factory(args, p, r)(sigma)
     return fdp.PLDAccountant().compose(mech, steps=t), describe(args, sigma, r, info)
+
+
+def check_selected(args: argparse.Namespace) -> None:
+    """--selected belongs to --sampling random_allocation."""
+    if getattr(args, "selected", 1) != 1 and getattr(args, "sampling", "poisson") != "random_allocation":
+        raise UsageError(f"--selected {args.selected} (steps per example per epoch) is for --sampling "
+                         "random_allocation; leave it out for the other samplings")
 
 
 def _fixed_structure(args: argparse.Namespace, sigma: float, r: int | None):
@@ -174,10 +182,12 @@ def _fixed_structure(args: argparse.Namespace, sigma: float, r: int | None):
         raise UsageError(f"--sampling {scheme} needs --batch-size, --dataset-size and --epochs "
                          "(not --sampling-rate/--steps)")
     names = {"noise_multiplier": "--noise-multiplier", "batch_size": "--batch-size",
-             "dataset_size": "--dataset-size", "epochs": "--epochs", "jl_projections": "--jl-projections"}
+             "dataset_size": "--dataset-size", "epochs": "--epochs", "jl_projections": "--jl-projections",
+             "selected": "--selected"}
     try:
         acc = fdp.dpsgd(noise_multiplier=sigma, batch_size=args.batch_size, dataset_size=args.dataset_size,
-                        epochs=args.epochs, sampling=scheme, jl_projections=r if jl else None)
+                        epochs=args.epochs, sampling=scheme, jl_projections=r if jl else None,
+                        selected=args.selected)
     except ValueError as err:
         raise flag_error(err, names) from None
     (mech, count), = acc.events
@@ -189,7 +199,7 @@ def scheme_info(args: argparse.Namespace, mech: Any, count: int, epochs: float) 
     info: dict[str, Any] = {"sampling": args.sampling, "batch_size": args.batch_size,
                             "dataset_size": args.dataset_size}
     if args.sampling == "random_allocation":  # one event per epoch
-        return {**info, "epochs": count, "steps_per_epoch": mech.steps_per_epoch}
+        return {**info, "epochs": count, "steps_per_epoch": mech.steps_per_epoch, "selected": mech.selected}
     return {**info, "epochs": epochs, "steps": count, "neighboring": mech.neighboring}
 
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from fdp.cli.arguments import (UsageError, Unreachable, describe, factory, projections_of, scheme_info, setting_line,
+from fdp.cli.arguments import (UsageError, Unreachable, check_selected, describe, factory, projections_of, scheme_info, setting_line,
                                sigma_of, steps_of)
 
 __all__ = ["MAX_PROJECTIONS", "cmd_calibrate"]
@@ -20,6 +20,7 @@ def cmd_calibrate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     target = check_real("--target-epsilon", args.target_epsilon, low=0.0, low_inclusive=False)
     delta = check_certifiable_delta(check_delta(args.delta, "--delta"))
+    check_selected(args)
     if getattr(args, "sampling", "poisson") != "poisson":
         return _calibrate_scheme(args, target, delta)
     p, t, info = steps_of(args, required=False)
@@ -149,7 +150,8 @@ def _calibrate_scheme(args, target: float, delta: float) -> tuple[dict[str, Any]
 
     def run(sigma: float, epochs: float):
         (mech, count), = fdp.dpsgd(noise_multiplier=sigma, batch_size=args.batch_size,
-                                   dataset_size=args.dataset_size, epochs=epochs, sampling=scheme).events
+                                   dataset_size=args.dataset_size, epochs=epochs, sampling=scheme,
+                                   selected=args.selected).events
         return mech, count
 
     if args.noise_multiplier is None:

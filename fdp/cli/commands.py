@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import Any
 
-from fdp.cli.arguments import (FLAGS, UsageError, accountant_of, flag_error, plot_path, save_plot, setting_line,
+from fdp.cli.arguments import (FLAGS, UsageError, accountant_of, check_selected, flag_error, plot_path, save_plot, setting_line,
                                sigma_of)
 
 __all__ = ["cmd_curves", "cmd_delta", "cmd_epsilon", "cmd_risk", "cmd_warmup"]
@@ -16,6 +16,7 @@ def cmd_epsilon(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from fdp._validation import check_delta
 
     delta = check_delta(args.delta, "--delta")
+    check_selected(args)
     if args.sampling == "shuffle":
         return _shuffled(args, delta)
     acc, setting = accountant_of(args)

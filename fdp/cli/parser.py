@@ -61,6 +61,10 @@ def build_parser() -> _Parser:
                                "epoch cut into batches of B; epsilon only: a certified LOWER bound, no upper "
                                "bound is known); all but poisson with --batch-size, --dataset-size, --epochs "
                                "(default: %(default)s)")
+    sampling.add_argument("--selected", type=int, default=1, metavar="K",
+                          help="with --sampling random_allocation: the steps each example is used in per "
+                               "epoch; an epoch is then ceil(N K / B) steps (K > 1: --mechanism gaussian) "
+                               "(default: %(default)s)")
     p = sub.add_parser("epsilon", parents=[common, jl, sampling], help="certified bounds on epsilon at --delta")
     p.add_argument("--delta", type=float, required=True)
     p = sub.add_parser("delta", parents=[common, jl, sampling], help="certified bounds on delta at --epsilon")

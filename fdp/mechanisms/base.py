@@ -133,6 +133,15 @@ class Mechanism(abc.ABC):
         """
         return None
 
+    def parts(self) -> tuple[tuple["Mechanism", int], ...]:
+        """What the accountant composes for one run of this mechanism: ((mechanism, count), ...).
+
+        Itself once (the default); a mechanism certified as a composition of others (a
+        k-of-t random-allocation epoch: its k blocks, :mod:`fdp.mechanisms.allocation_selected`)
+        names them, each with cells for both sides.
+        """
+        return ((self, 1),)
+
     def is_null(self) -> bool:
         """True if the two output laws are identical: the privacy loss is exactly 0.
 

@@ -40,6 +40,7 @@ from fdp.mechanisms.allocation_lattice import (FIRST_CLASS_MASS, FIRST_CLASS_SPL
                                                refine_first_class, term_sums)
 from fdp.mechanisms.allocation_big import big_classes, mixture_big_law
 from fdp.mechanisms.allocation_mixtures import mixture_plan, step_components
+from fdp.mechanisms.allocation_selected import epoch_blocks
 from fdp.mechanisms.allocation_terms import gaussian_term_law, mixture_term_law
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict, register_mechanism
 from fdp.mechanisms.gaussian import Gaussian
@@ -73,12 +74,14 @@ class RandomAllocation(Mechanism):
         ``fdp.JL(noise_multiplier=sigma, jl_projections=r)`` (DP-SGD-JL) or an
         ``fdp.RandomSensitivityGaussian``, each with sampling_rate 1.
       steps_per_epoch: t in [1, 10^6].
-      selected: steps each example is used in per epoch, k; only k = 1 ("balls in bins")
-        is certified here.
+      selected: steps each example is used in per epoch, k in [1, t]; k = 1 is "balls in
+        bins". k > 1 (Gaussian step only) is bounded above by k blocks of 1-of-t/k and
+        below by the sum of the epoch's outputs (:mod:`fdp.mechanisms.allocation_selected`):
+        exact at k = t, wider than k = 1's bracket at sigma near 1.
 
     Raises:
-      ValueError: another mechanism or a sampling_rate other than 1, t out of range,
-        k other than 1, or a noise multiplier so small (a JL step: so few projections)
+      ValueError: another mechanism or a sampling_rate other than 1, t or k out of range,
+        k > 1 with a JL step, or a noise multiplier so small (a JL step: so few projections)
         that the lattice would not fit (the message says what does).
 
     Example:
@@ -104,17 +107,32 @@ class RandomAllocation(Mechanism):
         object.__setattr__(self, "steps_per_epoch",
                            check_integer("steps_per_epoch", self.steps_per_epoch, low=1, high=MAX_STEPS_PER_EPOCH))
         selected = check_integer("selected", self.selected, low=1, high=self.steps_per_epoch)
-        if selected != 1:
-            raise ValueError(f"selected must be 1 (each example in one step per epoch); got {selected}: "
-                             "k > 1 steps per example is not certified yet. Use steps_per_epoch=t/k "
-                             "epochs of k times as many (each 1-of-t/k), or Poisson sampling")
         object.__setattr__(self, "selected", selected)
+        if selected > 1:
+            if not isinstance(self.mechanism, Gaussian):
+                raise ValueError(f"selected={selected} (k > 1 steps per example) is certified for the Gaussian "
+                                 f"step only; got {format_value(self.mechanism)}. Use selected=1 with "
+                                 "steps_per_epoch=t/k and k times as many epochs (an upper bound on k-of-t "
+                                 "allocation, docs/sampling.md), or Poisson sampling")
+            self.parts()  # builds (and so checks) every block's lattice now
+            return
         if self.steps_per_epoch == 1:
             return  # one step at rate 1: the step itself (see _one_step)
         if isinstance(self.mechanism, Gaussian):  # refuse at once a lattice that would not fit
             _plan(self.mu, self.steps_per_epoch)
         else:
             mixture_plan(self.mechanism, self.steps_per_epoch)
+
+    def parts(self) -> tuple[tuple[Mechanism, int], ...]:
+        """k = 1: the epoch itself; k > 1: its k blocks (:func:`fdp.mechanisms.allocation_selected.epoch_blocks`)."""
+        if self.selected == 1:
+            return ((self, 1),)
+        return _blocks(self.mechanism, self.steps_per_epoch, self.selected)
+
+    def _whole(self) -> None:
+        if self.selected > 1:
+            raise ValueError(f"a k-of-t epoch (selected={self.selected}) has no cells of its own: compose it in an "
+                             "fdp.PLDAccountant, which accounts its k blocks")
 
     @property
     def _one_step(self) -> Mechanism | None:
@@ -143,6 +161,7 @@ class RandomAllocation(Mechanism):
 
     def loss_cells(self, direction: Direction, grid: Grid, *, pessimistic: bool,
                    focus: tuple[float, float] | None = None) -> LossCells:
+        self._whole()
         if self._one_step is not None:
             return self._one_step.loss_cells(direction, grid, pessimistic=pessimistic, focus=focus)
         losses, masses, p_inf = self._atoms(Direction(direction), pessimistic)
@@ -152,6 +171,7 @@ class RandomAllocation(Mechanism):
         return None if self._one_step is None else self._one_step.focus_key(direction, focus)
 
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
+        self._whole()
         if self._one_step is not None:
             return self._one_step.loss_range(direction, tail_mass)
         lo, hi = math.inf, -math.inf
@@ -175,6 +195,10 @@ class RandomAllocation(Mechanism):
         curve is f^-1), below the true curve of either ordering."""
         from fdp.tradeoff import PiecewiseLinearCurve
 
+        if self.selected > 1:
+            from fdp.accountant import PLDAccountant
+
+            return PLDAccountant().compose(self).tradeoff()
         if self._one_step is not None:
             return self._one_step.tradeoff()
         losses, masses, p_inf = self._atoms(Direction.REMOVE, True)
@@ -189,6 +213,11 @@ class RandomAllocation(Mechanism):
         inner = mechanism_from_dict(data.get("mechanism"))
         return cls(mechanism=inner, steps_per_epoch=data["steps_per_epoch"],  # type: ignore[arg-type]
                    selected=data.get("selected", 1))
+
+
+@functools.lru_cache(maxsize=16)
+def _blocks(step: Gaussian, steps: int, selected: int) -> tuple[tuple[Mechanism, int], ...]:
+    return epoch_blocks(step, steps, selected, lambda m: RandomAllocation(step, steps_per_epoch=m))
 
 
 @functools.lru_cache(maxsize=16)
