@@ -70,10 +70,10 @@ class Segment:
       segment_id: random id of the odometer segment this row copies (0 in merged
         views); lets a restore tell a later snapshot of a segment from another one.
       sampling: ``"poisson"`` (each example joins each batch with probability
-        ``sampling_rate``), ``"random_allocation"`` (each example in one of the t steps of
-        every epoch; ``steps`` is a whole number of epochs, a partial one charged whole)
-        or ``"without_replacement"`` (exactly B = ``sampling_rate`` * N examples per step;
-        epsilon for replacing one example).
+        ``sampling_rate``), ``"random_allocation"`` (each example in k of the t steps of
+        every epoch, ``sampling_rate`` = k / t; ``steps`` is a whole number of epochs, a
+        partial one charged whole) or ``"without_replacement"`` (exactly B =
+        ``sampling_rate`` * N examples per step; epsilon for replacing one example).
       scheme_size: t for random allocation, N for without replacement, else 0.
     """
 
@@ -104,11 +104,11 @@ class Segment:
                              "fdp_tf.random_allocation_batches")
         if self.kind == "gaussian" and self.sampling == "random_allocation":
             return fdp.RandomAllocation(fdp.Gaussian(noise_multiplier=self.noise_multiplier),
-                                        steps_per_epoch=self.scheme_size)
+                                        steps_per_epoch=self.scheme_size, selected=self.selected)
         if self.kind == "jl" and self.sampling == "random_allocation":
             return fdp.RandomAllocation(fdp.JL(noise_multiplier=self.noise_multiplier,
                                                jl_projections=self.jl_projections),
-                                        steps_per_epoch=self.scheme_size)
+                                        steps_per_epoch=self.scheme_size, selected=self.selected)
         if self.kind == "gaussian" and self.sampling == "without_replacement":
             # a replaced example moves the clipped sum by up to 2C: sigma / 2 there
             return fdp.SampledWithoutReplacement(fdp.Gaussian(noise_multiplier=self.noise_multiplier / 2),
@@ -120,6 +120,14 @@ class Segment:
             return fdp.JL(noise_multiplier=self.noise_multiplier, jl_projections=self.jl_projections,
                           sampling_rate=self.sampling_rate)
         return None
+
+    @property
+    def selected(self) -> int:
+        """k, the steps each example is in per epoch of random allocation: the sampling
+        rate k / t times t (tables written before k existed hold 1 / t); else 1."""
+        if self.sampling != "random_allocation":
+            return 1
+        return max(1, round(self.sampling_rate * self.scheme_size))
 
     def events(self) -> int:
         """How many times :meth:`mechanism` runs: the steps, or the epochs of random

@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("tensorflow", minversion="2.16")
 pytest.importorskip("keras", minversion="3.0")
 
+import itertools
 import warnings
 
 import numpy as np
@@ -73,6 +74,8 @@ def test_without_replacement_batches_are_exactly_b_distinct_examples() -> None:
 @pytest.mark.parametrize(("make", "name"), [
     (lambda x: fdp_tf.random_allocation_batches(x, steps_per_epoch=0), "steps_per_epoch"),
     (lambda x: fdp_tf.random_allocation_batches(x, steps_per_epoch=11), "steps_per_epoch"),
+    (lambda x: fdp_tf.random_allocation_batches(x, steps_per_epoch=4, selected=5), "selected"),
+    (lambda x: fdp_tf.RandomAllocationSampling(10, 4, selected=0), "selected"),
     (lambda x: fdp_tf.without_replacement_batches(x, batch_size=11), "batch_size"),
     (lambda x: fdp_tf.without_replacement_batches(x, batch_size=2, steps_per_epoch=0), "steps_per_epoch"),
 ])
@@ -249,3 +252,59 @@ def test_sampling_that_contradicts_the_sampler_is_refused() -> None:
         model.fit(fdp_tf.without_replacement_batches(x, y, batch_size=16), verbose=0,
                   sampling=fdp_tf.PoissonSampling(num_examples=64, expected_batch_size=16))
     assert model.ledger.steps == 0
+
+
+def test_random_allocation_of_k_steps_puts_every_example_in_k_uniform_steps() -> None:
+    """selected=k: each example in exactly k distinct steps of every pass, fresh each pass,
+    and its k-subset uniform over the C(t, k): chi-square over 400 seeded passes."""
+    n, t, k = 200, 7, 3
+    x = np.arange(n, dtype=np.float32)[:, None]
+    dataset = fdp_tf.random_allocation_batches(x, np.arange(n), steps_per_epoch=t, selected=k)
+    passes = [_labels(dataset) for _ in range(2)]
+    for batches in passes:
+        assert len(batches) == t
+        assert all(len(set(b)) == len(b) for b in batches)
+        assert np.bincount([i for b in batches for i in b], minlength=n).tolist() == [k] * n
+    assert passes[0] != passes[1]
+    assert fdp_tf.sampling_of(dataset) == fdp_tf.RandomAllocationSampling(n, t, k)
+
+    n, t, k, rounds = 20, 5, 2, 400
+    seeded = fdp_tf.random_allocation_batches(np.zeros((n, 1), np.float32), np.arange(n), steps_per_epoch=t,
+                                              selected=k, seed=0)
+    subsets = {s: i for i, s in enumerate(itertools.combinations(range(t), k))}
+    counts = np.zeros((n, len(subsets)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fdp_tf.NotPrivateWarning)
+        for _ in range(rounds):
+            steps_of: dict[int, list[int]] = {}
+            for step, batch in enumerate(_labels(seeded)):
+                for i in batch:
+                    steps_of.setdefault(i, []).append(step)
+            for i, steps in steps_of.items():
+                counts[i, subsets[tuple(steps)]] += 1
+    expected = rounds / len(subsets)
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    dof = n * (len(subsets) - 1)
+    assert abs(chi2 - dof) < 6 * np.sqrt(2 * dof)
+
+
+def test_fit_books_k_steps_per_example_and_refuses_them_for_jl() -> None:
+    """k = 2 of t = 8: the noise is for B = floor(N k / t) = 16, the ledger reads k back from
+    the rate k / t (also from the saved table), epsilon is RandomAllocation(selected=2)'s;
+    DP-SGD-JL with k > 1 is refused before a step."""
+    x, y = dense_data(n=64)
+    model = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the k > 1 bracket is wide: "accept the gap"
+        model.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=8, selected=2), epochs=2, verbose=0)
+        (segment,) = model.ledger.segments
+        assert model.optimizer.expected_batch_size == 16
+        assert (segment.sampling, segment.scheme_size, segment.selected, segment.events()) == (
+            "random_allocation", 8, 2, 2)
+        epoch = fdp.RandomAllocation(fdp.Gaussian(noise_multiplier=1.0), steps_per_epoch=8, selected=2)
+        assert model.epsilon(1e-5) == pytest.approx(_epsilon(epoch, 2), rel=1e-9)
+    assert fdp_tf.PrivacyLedger.from_table(model.ledger.table()).segments[0].selected == 2
+    jl = _model(fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=3.0, jl_projections=30))
+    with pytest.raises(ValueError, match="Gaussian step only"):
+        jl.fit(fdp_tf.random_allocation_batches(x, y, steps_per_epoch=8, selected=2), epochs=1, verbose=0)
+    assert jl.ledger.steps == 0
