@@ -19,7 +19,9 @@ lower and upper bounds like any other mechanism.
 The JL mechanism (and any Gaussian with a random released sensitivity) enters as a
 finite mixture of Gaussian terms that dominates a step from above or is dominated by
 it from below (:mod:`fdp.mechanisms.allocation_mixtures`), each mixture on its own
-lattice (:func:`fdp.mechanisms.allocation_terms.mixture_term_law`).
+lattice (:func:`fdp.mechanisms.allocation_terms.mixture_term_law`). Randomized response
+needs no lattice: its epoch's likelihood ratio depends only on the number of ones, a
+binomial (:mod:`fdp.mechanisms.allocation_discrete`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from fdp.mechanisms.allocation_big import big_classes, mixture_big_law
 from fdp.mechanisms.allocation_mixtures import mixture_plan, step_components
 from fdp.mechanisms.allocation_selected import epoch_blocks
 from fdp.mechanisms.allocation_terms import gaussian_term_law, mixture_term_law
+from fdp.mechanisms.allocation_discrete import randomized_response_epoch
 from fdp.mechanisms.base import Mechanism, mechanism_from_dict, register_mechanism
+from fdp.mechanisms.discrete import RandomizedResponse
 from fdp.mechanisms.gaussian import Gaussian
 from fdp.mechanisms.random_sensitivity.mechanism import RandomSensitivityBase
 from fdp.pld.cells import Direction, Grid, LossCells
@@ -71,8 +75,10 @@ class RandomAllocation(Mechanism):
 
     Args:
       mechanism: the step: ``fdp.Gaussian(noise_multiplier=sigma)`` (DP-SGD),
-        ``fdp.JL(noise_multiplier=sigma, jl_projections=r)`` (DP-SGD-JL) or an
-        ``fdp.RandomSensitivityGaussian``, each with sampling_rate 1.
+        ``fdp.JL(noise_multiplier=sigma, jl_projections=r)`` (DP-SGD-JL), an
+        ``fdp.RandomSensitivityGaussian`` or ``fdp.RandomizedResponse(epsilon=eps0)`` (one
+        bit per step; its epoch's loss is t + 1 atoms,
+        :mod:`fdp.mechanisms.allocation_discrete`), each with sampling_rate 1.
       steps_per_epoch: t in [1, 10^6].
       selected: steps each example is used in per epoch, k in [1, t]; k = 1 is "balls in
         bins". k > 1 (Gaussian step only) is bounded above by k blocks of 1-of-t/k and
@@ -90,16 +96,16 @@ class RandomAllocation(Mechanism):
       >>> lower, upper = fdp.PLDAccountant().compose(epoch, steps=10).get_epsilon_bounds(1e-5)
     """
 
-    mechanism: Gaussian | RandomSensitivityBase
+    mechanism: Gaussian | RandomSensitivityBase | RandomizedResponse
     steps_per_epoch: int
     selected: int = 1
     kind = "random_allocation"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mechanism, (Gaussian, RandomSensitivityBase)):
-            raise ValueError("mechanism must be fdp.Gaussian(noise_multiplier=...) (the DP-SGD step) or "
-                             "fdp.JL(noise_multiplier=..., jl_projections=...) (the DP-SGD-JL step); "
-                             f"got {format_value(self.mechanism)}")
+        if not isinstance(self.mechanism, (Gaussian, RandomSensitivityBase, RandomizedResponse)):
+            raise ValueError("mechanism must be fdp.Gaussian(noise_multiplier=...) (the DP-SGD step), "
+                             "fdp.JL(noise_multiplier=..., jl_projections=...) (the DP-SGD-JL step) or "
+                             f"fdp.RandomizedResponse(epsilon=...); got {format_value(self.mechanism)}")
         if self.mechanism.sampling_rate != 1.0:
             raise ValueError("mechanism must have sampling_rate=1 inside random allocation (the "
                              "allocation is the sampling); got sampling_rate="
@@ -116,8 +122,8 @@ class RandomAllocation(Mechanism):
                                  "allocation, docs/sampling.md), or Poisson sampling")
             self.parts()  # builds (and so checks) every block's lattice now
             return
-        if self.steps_per_epoch == 1:
-            return  # one step at rate 1: the step itself (see _one_step)
+        if self.steps_per_epoch == 1 or isinstance(self.mechanism, RandomizedResponse):
+            return  # one step at rate 1: the step itself (see _one_step); RR: t + 1 atoms
         if isinstance(self.mechanism, Gaussian):  # refuse at once a lattice that would not fit
             _plan(self.mu, self.steps_per_epoch)
         else:
@@ -153,6 +159,9 @@ class RandomAllocation(Mechanism):
         return 1.0 / self.mechanism.noise_multiplier
 
     def _atoms(self, direction: Direction, pessimistic: bool) -> tuple[np.ndarray, np.ndarray, float]:
+        if isinstance(self.mechanism, RandomizedResponse):
+            losses, masses, _, _ = _rr_atoms(self.mechanism.epsilon, self.steps_per_epoch, direction)
+            return losses, masses, 0.0
         if isinstance(self.mechanism, Gaussian):
             return _atoms(self.mu, self.steps_per_epoch, direction, pessimistic)
         return _mixture_atoms(self.mechanism, self.steps_per_epoch, direction, pessimistic)
@@ -164,11 +173,23 @@ class RandomAllocation(Mechanism):
         self._whole()
         if self._one_step is not None:
             return self._one_step.loss_cells(direction, grid, pessimistic=pessimistic, focus=focus)
+        if isinstance(self.mechanism, RandomizedResponse):  # exact atoms, their rounding charged
+            losses, masses, mass_error, atom_error = _rr_atoms(self.mechanism.epsilon, self.steps_per_epoch,
+                                                               Direction(direction))
+            return atom_cells(grid, losses, masses, loss_error=atom_error, mass_error=mass_error)
         losses, masses, p_inf = self._atoms(Direction(direction), pessimistic)
         return atom_cells(grid, losses, masses, p_inf=p_inf, loss_error=loss_error(losses))
 
     def focus_key(self, direction: Direction, focus: tuple[float, float]) -> Any:
         return None if self._one_step is None else self._one_step.focus_key(direction, focus)
+
+    def grid_anchor(self, direction: Direction) -> float | None:
+        """The step's own anchor at t = 1 (an atom on the grid is binned exactly)."""
+        return None if self._one_step is None else self._one_step.grid_anchor(direction)
+
+    def loss_atoms(self, direction: Direction) -> Any:
+        """The step's own atoms at t = 1 (a grid through all of them is exact)."""
+        return None if self._one_step is None else self._one_step.loss_atoms(direction)
 
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
         self._whole()
@@ -310,6 +331,11 @@ def _refined(lattice: EpochLattice, finer_law: Any, steps: int) -> EpochLattice:
     if first_class_mass(lattice) <= FIRST_CLASS_MASS:
         return lattice
     return refine_first_class(lattice, epoch_lattice(finer_law(), steps))
+
+
+@functools.lru_cache(maxsize=16)
+def _rr_atoms(epsilon: float, steps: int, direction: Direction) -> tuple[np.ndarray, np.ndarray, float, float]:
+    return randomized_response_epoch(epsilon, steps, direction)
 
 
 @functools.lru_cache(maxsize=64)
