@@ -17,7 +17,10 @@ arguments, same update rule, same saved state) plus
   that no checkpoint holds and no restore writes; the model's ledger reads it;
 * :meth:`mechanism`: the ``fdp`` mechanism of one step, for accounting.
 
-Only public Keras hooks are used: the constructor, ``apply`` and ``get_config``.
+Keras hooks used: the public constructor, ``apply`` and ``get_config``, and one private
+method of Keras's TensorFlow optimizer, ``_all_reduce_sum_gradients``, which on one
+replica is skipped (see :meth:`DPOptimizer._all_reduce_sum_gradients`: otherwise every
+traced step would stay in memory for the rest of the process).
 """
 
 from __future__ import annotations
@@ -263,6 +266,29 @@ class DPOptimizer:
             )
         self.dp_steps.assign_add(1)
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+    def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> Any:
+        """Keras's sum of the gradients over replicas; with one replica, the gradients as they are.
+
+        Keras calls ``ReplicaContext.all_reduce`` even with one replica, where the sum is the
+        identity. In a graph that call wraps the gradients in a ``tf.custom_gradient``, which
+        registers a gradient function in TensorFlow's process-wide gradient registry and never
+        unregisters it; the function's closure holds the step's tensors, so every traced step
+        (the whole private step: probe, ``tf.cond`` branches, per-example gradients) could
+        never be freed, 60-90 MiB per model (``benchmarks/model_memory.py``). Skipping the
+        identity changes no value. With several replicas the gradients (each replica's noise
+        share included) are summed by Keras as before; that trace stays pinned, as in Keras.
+
+        Keras's private method, overridden on purpose: the public alternative tried (Keras's
+        ``apply`` in a ``tf.function`` of its own, so only that small graph is pinned) fails
+        under a one-replica ``MultiWorkerMirroredStrategy`` ("merge_call called while
+        defining a new graph") and still pins one graph per model. If Keras renames this
+        method the override stops running and ``tests/tf/test_tf_model_memory.py`` fails.
+        """
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return list(grads_and_vars)
+        return super()._all_reduce_sum_gradients(grads_and_vars)  # type: ignore[misc]
 
 
 class _JLMixin(DPOptimizer):
