@@ -1,4 +1,4 @@
-"""fdp vs dp_accounting vs prv_accountant on the four DP-SGD settings of DESIGN.md.
+"""fdp vs dp_accounting vs prv_accountant on four DP-SGD settings (``SETTINGS`` below).
 
 One run, side by side: epsilon (lower, upper) and wall time for each library,
 and fdp's speed-up as a ratio. Times include building the PLD, composing and

@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, ROOT)
 
 NOISE_MULTIPLIER, L2_NORM_CLIP, LEARNING_RATE = 0.6, 1.0, 1e-3
-SEED_GPU_SECONDS_PER_EPOCH = {  # the seed, IMDb, B = 256, P100 (DESIGN.md "Training")
+SEED_GPU_SECONDS_PER_EPOCH = {  # the seed, IMDb, B = 256, P100 (its Table of seconds per epoch)
     "non-DP Adam": 12, "JL r=1": 41, "JL r=5": 128, "JL r=10": 243, "JL r=30": 675,
     "Vanilla (TF Privacy)": 19317,
 }

@@ -1,6 +1,6 @@
 """The PLD accountant: certified (epsilon, delta) for compositions of mechanisms.
 
-For every neighbouring relation (remove, add; DESIGN.md "Two directions") the
+For every neighbouring relation (remove, add; docs/accountant.md, "What it computes") the
 accountant discretises each mechanism's privacy-loss distribution twice on one
 shared grid of spacing h:
 
@@ -10,7 +10,7 @@ shared grid of spacing h:
 composes each by FFT (:func:`fdp.pld.compose.compose`, wrap-around mass charged
 on the safe side) and reads off
 
-    delta(eps) = max(delta_remove(eps), delta_add(eps))        (DESIGN.md)
+    delta(eps) = max(delta_remove(eps), delta_add(eps))        (docs/accountant.md)
     eps(delta) = max(eps_remove(delta), eps_add(delta)).
 
 ``get_epsilon`` returns the pessimistic value, a certified upper bound;

@@ -266,7 +266,7 @@ def test_merging_junction_stays_below_exact_delta(h, direction):
 
 
 def test_merging_lower_bound_needs_no_refinement_at_long_horizons():
-    """q = 0.001, sigma = 1, T = 1e5 (DESIGN.md's fourth setting): with the junction
+    """q = 0.001, sigma = 1, T = 1e5 (the fourth setting of benchmarks/accountant.py): with the junction
     balanced, the automatic grid's lower bound is within 0.1 % of its upper bound
     (it was 0.3 % when the leftover carry was rounded down: 5e-8 of mean loss a step)."""
     from fdp.pld.queries import tail_budget as _tail_budget

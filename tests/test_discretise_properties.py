@@ -52,7 +52,7 @@ def product(p: np.ndarray, q: np.ndarray, steps: int) -> tuple[np.ndarray, np.nd
 def test_discretisations_bracket_exact_delta(pair, h, steps, shift, rate, direction):
     p1, p0 = pair
     mech = fdp.FromDistributions(p1, p0, sampling_rate=rate)
-    mixture = (1.0 - rate) * p0 + rate * p1  # Poisson subsampling (DESIGN.md)
+    mixture = (1.0 - rate) * p0 + rate * p1  # Poisson subsampling (docs/accountant.md)
     p, q = (mixture, p0) if direction is Direction.REMOVE else (p0, mixture)
     losses = np.log(p / q)
     # a grid that may cut off either end of the support (tails handled as tails)

@@ -66,3 +66,16 @@ def test_cli_page_commands_run():
     proc = subprocess.run([sys.executable, "-m", "fdp", *err.group(1).split()[1:]], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == err.group(2)
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    """Users have the package and its docs, not the developers' design notes: no module,
+    docs page, example, benchmark or test cites DESIGN.md, STYLE.md or ../shared."""
+    roots = [ROOT / name for name in ("fdp", "fdp_tf", "docs", "examples", "benchmarks", "tests")]
+    files = [p for root in roots for p in root.rglob("*") if p.suffix in (".py", ".md")]
+    files.append(ROOT / "README.md")
+    pattern = re.compile(r"DESIGN\.md|STYLE\.md|\.\./shared")
+    here = Path(__file__).resolve()
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in files if p.resolve() != here
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []

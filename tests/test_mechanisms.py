@@ -36,7 +36,7 @@ def pair_delta(p_mass: np.ndarray, q_mass: np.ndarray, eps: np.ndarray) -> np.nd
 
 
 def subsampled_pairs(p0: np.ndarray, p1: np.ndarray, p: float) -> dict[Direction, tuple[np.ndarray, np.ndarray]]:
-    """(P, Q) of both neighbouring relations (DESIGN.md "Two directions")."""
+    """(P, Q) of both neighbouring relations (docs/accountant.md, "What it computes")."""
     mix = (1 - p) * p0 + p * p1
     return {Direction.REMOVE: (mix, p0), Direction.ADD: (p0, mix)}
 

@@ -1,7 +1,7 @@
 """Cross-checks against the peer accountants (skipped when they are not installed).
 
-Settings and the peers' measured values are those of ../shared/DESIGN.md ("Measured on
-this machine"); here the peers are run live, not quoted.
+Settings are those of benchmarks/accountant.py (the four DP-SGD settings); the peers are
+run live here, not quoted.
 """
 
 from __future__ import annotations

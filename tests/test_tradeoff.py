@@ -217,7 +217,7 @@ def test_epsilon_is_vectorised_and_generic_matches_exact():
 
 # ---------------------------------------------------------- privacy-loss atoms
 def hockey_stick(losses, masses, p_inf, eps):
-    """Direct sum sum_k m_k (1 - e^{eps - l_k})_+ + p_inf (DESIGN.md)."""
+    """Direct sum sum_k m_k (1 - e^{eps - l_k})_+ + p_inf (docs/accountant.md, equation (1))."""
     losses, masses = np.asarray(losses, float), np.asarray(masses, float)
     eps = np.atleast_1d(eps)[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
@@ -412,7 +412,7 @@ def test_parametric_seed_lemma_with_two_point_z():
     """Seed Lemma: Z random, f(alpha(t)) = beta(t) with alpha = E[Phi(-t/Z - Z/2)], beta = E[Phi(t/Z - Z/2)].
 
     Given Z = z the pair is a Gaussian pair with mu = z, and Z is observed, so
-    delta(eps) = E_Z[delta_Gauss(eps; Z)] (DESIGN.md, "JL mechanism"). Independent
+    delta(eps) = E_Z[delta_Gauss(eps; Z)] (docs/jl.md, "The mechanism"). Independent
     of the parametric machinery.
     """
     z = np.array([0.5, 2.0])

@@ -1,9 +1,9 @@
 """What every mechanism tells the accountant.
 
-A mechanism is a frozen record of its parameters (an *event*, STYLE.md 2). It
+A mechanism is a frozen record of its parameters (an *event*). It
 describes ONE step of a Poisson-subsampled release: P0 is its output law
 without the individual, P1 with it, and the two neighbouring relations give
-the pairs (DESIGN.md, "Two directions"):
+the pairs (docs/accountant.md, "What it computes"):
 
     remove: P = (1-p) P0 + p P1,  Q = P0
     add:    P = P0,               Q = (1-p) P0 + p P1

@@ -6,7 +6,7 @@ sub-probability vector ``pmf`` on the grid ell_k = (offset + k) h plus an atom
 
     delta(eps) = p_inf + sum_k pmf_k * (1 - e^{eps - ell_k})_+            (1)
 
-(DESIGN.md, "The maths in one page"). ``delta_shift`` is a signed correction
+(docs/accountant.md, "The maths in short"). ``delta_shift`` is a signed correction
 added to (1): composition charges mass that may have wrapped around the FFT
 there (positive for pessimistic PLDs, negative for optimistic ones).
 

@@ -144,7 +144,7 @@ class TradeoffCurve(abc.ABC):
 
             f_p = T(P0 || (1-p) P0 + p P1) = p f + (1-p) Id,   Id(alpha) = 1 - alpha.
 
-        In the privacy-loss convention of DESIGN.md (pair (P, Q), loss
+        In the privacy-loss convention of docs/accountant.md (pair (P, Q), loss
         log dP/dQ, curve T(Q||P)):
 
         * ``direction="remove"``: P = (1-p) P0 + p P1, Q = P0, curve

@@ -89,7 +89,7 @@ class SubsampledCurve(TradeoffCurve):
 
     For f = T(P0||P1), f_p = T(P0 || (1-p) P0 + p P1) (Dong-Roth-Su,
     arXiv:1905.02383v3, subsampling section; the seed paper's mixture
-    proposition). This is the *remove* direction of DESIGN.md; the add
+    proposition). This is the *remove* direction of docs/accountant.md; the add
     direction is f_p^-1 (:meth:`TradeoffCurve.subsampled` with
     ``direction="add"``). Evaluation is exact:
 
