@@ -97,7 +97,9 @@ def plan_fit(x: Any, y: Any, batch_size: int | None, kwargs: dict[str, Any],
             "size B (the noise std is sigma*C/B) nor the sampling rate can be known. "
             "Train on arrays or fdp_tf.poisson_batches(x, y, expected_batch_size=B), or pass "
             "fit(..., sampling=fdp_tf.PoissonSampling(num_examples=N, "
-            "expected_batch_size=B)) for a Poisson-sampled pipeline of your own"
+            "expected_batch_size=B)) for a Poisson-sampled pipeline of your own. A dataset "
+            "mapped from one of fdp_tf's samplers (poisson_batches(...).map(f)) keeps its "
+            "sampling: fit(mapped, sampling=fdp_tf.sampling_of(original))"
         )
     return _plan_arrays(x, y, batch_size, dict(kwargs))
 
