@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,8 @@ def test_curves_table_json_and_plot(capsys, tmp_path):
     code, out, err = run(capsys, "curves", "--noise-multiplier", "0.6", *SEED)
     # the tqdm bar is drawn on a terminal only, so logs and pipes stay clean
     assert code == 0 and "| 2 |" in out and err == ""
+    row = next(line for line in out.splitlines() if line.startswith("| 2 |"))
+    assert re.fullmatch(r"\| 2 \| \[[-+.e\d]+, [-+.e\d]+\] \|", row), row  # brackets as [lower, upper]
 
 
 def test_risk(capsys, tmp_path):

@@ -97,7 +97,7 @@ def cmd_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     lines = [f"epsilon bounds [lower, upper] at delta={delta:g}, noise_multiplier={sigma:g}, "
              f"p={p:.6g}, {per_epoch} steps/epoch", head, "|---:|" + "---:|" * len(curves)]
     for i in range(epochs):
-        lines.append(f"| {i + 1} | " + " | ".join(f"{c[i][0]:.4g}-{c[i][1]:.4g}" for c in curves.values()) + " |")
+        lines.append(f"| {i + 1} | " + " | ".join(f"[{c[i][0]:.4g}, {c[i][1]:.4g}]" for c in curves.values()) + " |")
     if plot:
         _plot_curves(plot, curves, delta, sigma)
         lines.append(f"wrote {plot}")
