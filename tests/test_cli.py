@@ -302,3 +302,35 @@ def test_calibrate_with_a_sampling_scheme(capsys):
     assert _eps(1.5, k, "random_allocation") <= 2 < _eps(1.5, k + 1, "random_allocation")
     assert main([*base, "--target-epsilon", "2", "--sampling", "random_allocation"]) == 2
     assert "--epochs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["epsilon", "--sigma", "1", "--delta", "1e-5"], "--sigma: did you mean --noise-multiplier?"),
+    (["delta", "--noise-multipler", "1", "--epsilon", "1"], "--noise-multipler: did you mean --noise-multiplier?"),
+    (["calibrate", "--eps", "2", "--delta", "1e-5"], "--eps: did you mean --target-epsilon?"),
+    (["epsilon", "--bogus", "3", "--delta", "1e-5"], None),
+])
+def test_an_unknown_flag_names_the_flag_meant_and_the_subcommand_help(capsys, argv, hint):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == "" and len(err.splitlines()) == 1
+    assert f"(see fdp {argv[0]} --help)" in err
+    assert (hint in err) if hint else "did you mean" not in err
+
+
+def test_every_flag_has_help_and_calibrate_says_leave_out_what_to_find():
+    from fdp.cli.parser import build_parser
+
+    parser = build_parser()
+    for name, command in parser.commands.items():
+        for action in command._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"fdp {name} {action.option_strings[0]} has no help"
+    assert "leave out what to find" in parser.commands["calibrate"].format_help()
+
+
+def test_calibrate_draws_no_progress_frames_into_a_redirected_stderr(capsys):
+    code, out, err = run(capsys, "calibrate", "--noise-multiplier", "1.1", "--sampling-rate", "0.01", "--target-epsilon",
+                         "2", "--delta", "1e-5")
+    assert code == 0 and "\r" not in err and "calibrate" not in err

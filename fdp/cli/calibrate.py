@@ -67,7 +67,7 @@ def _calibrate_sigma(args, target: float, delta: float, p: float, t: int, r: int
         kwargs.pop("jl_projections")
     try:
         return fdp.calibrate_noise_multiplier(target_epsilon=target, delta=delta, steps=t, mechanism=kind,
-                                              progress=not args.json, **kwargs)
+                                              progress=not args.json and sys.stderr.isatty(), **kwargs)
     except ValueError as err:
         if "unreachable" in str(err):
             raise Unreachable(str(err)) from None
@@ -159,7 +159,7 @@ def _calibrate_scheme(args, target: float, delta: float) -> tuple[dict[str, Any]
         try:
             sigma = fdp.calibrate_noise_multiplier(target_epsilon=target, delta=delta, steps=steps,
                                                    mechanism=lambda s: run(s, args.epochs)[0],
-                                                   progress=not args.json)
+                                                   progress=not args.json and sys.stderr.isatty())
         except ValueError as err:
             if "unreachable" in str(err):
                 raise Unreachable(str(err)) from None

@@ -3,15 +3,50 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
 from typing import NoReturn
 
 __all__ = ["MECHANISMS", "build_parser"]
 
 MECHANISMS = ("gaussian", "laplace", "jl")
 
+#: Flags people type from other tools, and the flag meant.
+ALIASES = {"--sigma": ("--noise-multiplier",), "--noise": ("--noise-multiplier",),
+           "--eps": ("--epsilon", "--target-epsilon"), "--target-eps": ("--target-epsilon",),
+           "--q": ("--sampling-rate",), "--rate": ("--sampling-rate",), "--batch": ("--batch-size",),
+           "--n": ("--dataset-size",), "--num-examples": ("--dataset-size",), "--r": ("--jl-projections",),
+           "--projections": ("--jl-projections",)}
+
+
 class _Parser(argparse.ArgumentParser):
+    """One-line errors; the top-level parser also knows its subcommands' parsers (``commands``)."""
+
     def error(self, message: str) -> NoReturn:  # one line, not the usage block
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Unknown flags are named first (before a missing required flag), each with the
+        subcommand's flag it was probably meant as."""
+        argv = sys.argv[1:] if args is None else [str(a) for a in args]
+        commands: dict[str, argparse.ArgumentParser] = getattr(self, "commands", {})
+        command = commands.get(next((a for a in argv if not a.startswith("-")), ""))
+        if command is not None:
+            known = [flag for action in command._actions for flag in action.option_strings]
+            flags = [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+            unknown = [f for f in flags if not any(k.startswith(f) for k in known)]  # prefixes are argparse's
+            if unknown:
+                hints = [f"{f}: did you mean {guess}?" for f in unknown if (guess := _meant(f, known))]
+                command.error(f"unrecognized arguments: {' '.join(unknown)}"
+                              + (f" ({'; '.join(hints)})" if hints else ""))
+        return super().parse_args(args, namespace)
+
+
+def _meant(flag: str, known: list[str]) -> str | None:
+    """The known flag ``flag`` was probably meant as: an alias (:data:`ALIASES`), else the
+    closest spelling, else None."""
+    alias = next((meant for meant in ALIASES.get(flag, ()) if meant in known), None)
+    return alias or next(iter(difflib.get_close_matches(flag, known, n=1, cutoff=0.6)), None)
 
 
 def _numbers(text: str, kind: type, what: str) -> list:
@@ -65,15 +100,21 @@ def build_parser() -> _Parser:
                           help="with --sampling random_allocation: the steps each example is used in per "
                                "epoch; an epoch is then ceil(N K / B) steps (K > 1: --mechanism gaussian) "
                                "(default: %(default)s)")
+    delta_help = "delta in (0, 1), e.g. 1e-5 (at most 1 / N is usual)"
     p = sub.add_parser("epsilon", parents=[common, jl, sampling], help="certified bounds on epsilon at --delta")
-    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--delta", type=float, required=True, help=delta_help)
     p = sub.add_parser("delta", parents=[common, jl, sampling], help="certified bounds on delta at --epsilon")
-    p.add_argument("--epsilon", type=float, required=True)
+    p.add_argument("--epsilon", type=float, required=True, help="epsilon >= 0")
     p = sub.add_parser("calibrate", parents=[common, jl, sampling],
                        help="the noise multiplier (or the fewest JL projections, or the most epochs) "
-                            "meeting --target-epsilon")
-    p.add_argument("--target-epsilon", type=float, required=True)
-    p.add_argument("--delta", type=float, required=True)
+                            "meeting --target-epsilon",
+                       description="Find what meets --target-epsilon at --delta: leave out what to find. "
+                                   "No --noise-multiplier (with the steps): the smallest noise multiplier. "
+                                   "--noise-multiplier and no --epochs/--steps: the most epochs (steps). "
+                                   "--noise-multiplier, the steps, --mechanism jl and no --jl-projections: "
+                                   "the fewest projections r.")
+    p.add_argument("--target-epsilon", type=float, required=True, help="the epsilon budget, > 0")
+    p.add_argument("--delta", type=float, required=True, help=delta_help)
     p = sub.add_parser("curves", parents=[common], help="epsilon after each epoch, for several r and samplings")
     p.add_argument("--jl-projections", type=_ints, default=[],
                    help="comma-separated r values (a Gaussian row is always added)")
@@ -82,7 +123,7 @@ def build_parser() -> _Parser:
                    help="add the Gaussian under this sampling (repeat the flag for several; the JL "
                         "curves are Poisson; without_replacement's epsilon is for replacing one "
                         "example); default: poisson")
-    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--delta", type=float, required=True, help=delta_help)
     p.add_argument("--plot", help="write a PNG of the curves (needs fdp[plot])")
     p = sub.add_parser("risk", parents=[common, jl],
                        help="bounds on a membership-inference attacker's TPR at given FPRs")
@@ -90,6 +131,7 @@ def build_parser() -> _Parser:
     p.add_argument("--plot", help="write a PNG of TPR against FPR (needs fdp[plot])")
     p = sub.add_parser("warmup", help="compile and cache the Numba kernels once, after installing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.commands = dict(sub.choices)
     return parser
 
 
