@@ -86,11 +86,12 @@ def dpsgd(
     noise_multiplier: float,
     batch_size: int,
     dataset_size: int,
-    epochs: float,
+    epochs: float | None = None,
     jl_projections: int | None = None,
     accountant: Any = None,
     sampling: str = "poisson",
     selected: int = 1,
+    steps: int | None = None,
 ) -> Any:
     """The accountant of ``epochs`` epochs of DP-SGD (or DP-SGD-JL with r projections).
 
@@ -110,13 +111,15 @@ def dpsgd(
       noise_multiplier: sigma > 0 (noise std / clipping norm).
       batch_size: expected batch size B in [1, N].
       dataset_size: N >= 1.
-      epochs: E > 0 (fractional allowed; see :mod:`fdp.epochs`).
+      epochs: E > 0 (fractional allowed; see :mod:`fdp.epochs`); or give ``steps``.
       jl_projections: r >= 1 for DP-SGD-JL; ``None`` for DP-SGD.
       accountant: an :class:`fdp.PLDAccountant` with the settings to use; the steps
         are recorded on it, after any events it holds. Default: a new one.
       sampling: how batches are drawn, one of :data:`SAMPLING_SCHEMES`.
       selected: k >= 1, the steps each example is used in per epoch
         (``sampling="random_allocation"`` only; k > 1 for DP-SGD only).
+      steps: T >= 1 steps run, instead of ``epochs`` (random allocation charges
+        ceil(T / t) whole epochs).
 
     Returns:
       The :class:`fdp.PLDAccountant`; e.g. ``.get_epsilon_bounds(delta=1e-5)``.
@@ -131,8 +134,14 @@ def dpsgd(
 
     if sampling not in SAMPLING_SCHEMES:
         raise ValueError(f"sampling must be one of {list(SAMPLING_SCHEMES)}; got {format_value(sampling)}")
-    steps = epochs_to_steps(epochs, batch_size, dataset_size)
-    p = sampling_rate(batch_size, dataset_size)
+    if (epochs is None) == (steps is None):
+        raise ValueError("give exactly one of epochs=E (passes over the data) or steps=T (steps run); got "
+                         f"epochs={format_value(epochs)}, steps={format_value(steps)}")
+    p = sampling_rate(batch_size, dataset_size)  # checks batch_size and dataset_size
+    if steps is not None:
+        steps = check_integer("steps", steps, low=1, high=10**12)
+    else:
+        steps = epochs_to_steps(epochs, batch_size, dataset_size)
     selected = check_integer("selected", selected, low=1)
     if selected != 1 and sampling != "random_allocation":
         raise ValueError(f"selected={selected} (steps per example per epoch) is for sampling='random_allocation'; "
@@ -159,7 +168,7 @@ def dpsgd(
             step = JL(noise_multiplier=noise_multiplier, jl_projections=jl_projections)
         mechanism = RandomAllocation(step, steps_per_epoch=t, selected=selected)
         # whole epochs: a partial one is charged as a whole one
-        steps = -(-steps // steps_per_epoch(batch_size, dataset_size))
+        steps = -(-steps // (t if epochs is None else steps_per_epoch(batch_size, dataset_size)))
     elif jl_projections is None:
         mechanism = Gaussian(noise_multiplier=noise_multiplier, sampling_rate=p)
     else:

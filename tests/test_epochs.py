@@ -62,3 +62,19 @@ def test_dpsgd_jl_and_accountant_settings():
         fdp.dpsgd(noise_multiplier=1.0, batch_size=1, dataset_size=10, epochs=1, accountant="pld")
     with pytest.raises(ValueError, match="noise_multiplier"):
         fdp.dpsgd(noise_multiplier=-1.0, batch_size=1, dataset_size=10, epochs=1)
+
+
+def test_dpsgd_takes_the_steps_run_instead_of_epochs():
+    """steps=T is the same accountant as the epochs that make T steps; random allocation
+    charges the whole epochs that T steps start; exactly one of the two is required."""
+    by_steps = fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, steps=14100)
+    by_epochs = fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60)
+    assert by_steps.events == by_epochs.events
+    allocation = fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, steps=500,
+                           sampling="random_allocation")
+    assert allocation.events[0][1] == 3  # 500 steps of 235-step epochs start 3 epochs
+    for kwargs in (dict(), dict(epochs=1, steps=10)):
+        with pytest.raises(ValueError, match="exactly one of epochs=E .* or steps=T"):
+            fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, **kwargs)
+    with pytest.raises(ValueError, match="steps must be an integer"):
+        fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, steps=0)
