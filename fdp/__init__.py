@@ -22,6 +22,7 @@ from fdp.tradeoff import (
     identity_curve,
 )
 from fdp.mechanisms.jl import JL, RandomSensitivityGaussian
+from fdp.budget import fewest_jl_projections, most_steps
 from fdp.calibration import calibrate_noise_multiplier
 from fdp.epochs import dpsgd, epochs_to_steps, steps_per_epoch
 from fdp.curves import epsilon_curve

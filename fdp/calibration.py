@@ -373,7 +373,9 @@ def _mechanism_factory(
 
         return (lambda sigma: Gaussian(noise_multiplier=sigma, sampling_rate=p)), p, None
     if jl_projections is None:
-        raise ValueError("jl_projections is required with mechanism='jl': an integer in [1, inf)")
+        raise ValueError("jl_projections is required with mechanism='jl': an integer in [1, inf), the r of "
+                         "DP-SGD-JL (to find the fewest r for a given noise multiplier instead, use "
+                         "fdp.fewest_jl_projections)")
     r = check_integer("jl_projections", jl_projections, low=1, high=10**9)
     from fdp.mechanisms.jl import JL
 

@@ -9,10 +9,7 @@ from typing import Any
 from fdp.cli.arguments import (UsageError, Unreachable, check_selected, describe, factory, projections_of, scheme_info, setting_line,
                                sigma_of, steps_of)
 
-__all__ = ["MAX_PROJECTIONS", "cmd_calibrate"]
-
-#: Largest r searched by ``fdp calibrate`` for the number of JL projections.
-MAX_PROJECTIONS = 1 << 14
+__all__ = ["cmd_calibrate"]
 
 def cmd_calibrate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from fdp._validation import check_delta, check_real
@@ -48,16 +45,6 @@ def cmd_calibrate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                      "or the steps (--steps / --epochs)")
 
 
-def eps_upper(mech, steps: int, delta: float) -> float:
-    import warnings
-
-    import fdp
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return fdp.PLDAccountant().compose(mech, steps=steps).get_epsilon(delta)
-
-
 def _calibrate_sigma(args, target: float, delta: float, p: float, t: int, r: int | None) -> float:
     import fdp
 
@@ -75,54 +62,37 @@ def _calibrate_sigma(args, target: float, delta: float, p: float, t: int, r: int
 
 
 def _fewest_projections(args, target: float, delta: float, p: float, t: int, sigma: float) -> int:
-    """Smallest r with certified epsilon <= target: epsilon falls with r (docs/jl.md), so
-    double from 8 until one meets it, then bisect; the Gaussian is the r -> inf limit."""
+    """Smallest r with certified epsilon <= target (:func:`fdp.fewest_jl_projections`)."""
     import fdp
 
-    if eps_upper(fdp.Gaussian(noise_multiplier=sigma, sampling_rate=p), t, delta) > target:
-        raise Unreachable(f"even the Gaussian (r -> infinity) misses epsilon <= {target:g} at "
-                          f"noise_multiplier={sigma:g}: raise --noise-multiplier or --target-epsilon")
-
-    def meets(r: int) -> bool:
-        ok = eps_upper(fdp.JL(noise_multiplier=sigma, jl_projections=r, sampling_rate=p), t, delta) <= target
+    def said(r: int, ok: bool) -> None:
         if not args.json:
             print(f"fdp calibrate: r={r} {'meets' if ok else 'misses'} the target", file=sys.stderr)
-        return ok
 
-    hi = 8
-    while not meets(hi):
-        if hi >= MAX_PROJECTIONS:
-            raise Unreachable(f"no r <= {MAX_PROJECTIONS} meets epsilon <= {target:g}")
-        hi *= 2
-    lo = hi // 2 if hi > 8 else 0  # misses at lo (or lo = 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
-    return hi
+    try:
+        return fdp.fewest_jl_projections(noise_multiplier=sigma, sampling_rate=p, steps=t, target_epsilon=target,
+                                         delta=delta, progress=said)
+    except ValueError as err:
+        if "unreachable" in str(err):
+            raise Unreachable(str(err)) from None
+        raise
 
 
 def _calibrate_steps(args, target, delta, p, sigma, r, info) -> tuple[dict[str, Any], str]:
-    """The most steps (whole epochs when given B and N) with certified epsilon <= target."""
-    from fdp.accountant import MAX_STEPS
+    """The most steps (whole epochs when given B and N) with certified epsilon <= target
+    (:func:`fdp.most_steps`)."""
+    import fdp
 
     mech = factory(args, p, r)(sigma)
     unit = info.get("steps_per_epoch", 1)
     name = "epochs" if "steps_per_epoch" in info else "steps"
 
-    def meets(k: int) -> bool:
-        return eps_upper(mech, k * unit, delta) <= target
-
-    if not meets(1):
-        raise Unreachable(f"even one {name[:-1]} ({unit} steps) gives epsilon > {target:g}")
-    lo, hi = 1, 2
-    while meets(hi):
-        lo, hi = hi, hi * 2
-        if hi * unit > MAX_STEPS:  # the accountant's limit (--steps 137438953472 was refused)
-            raise Unreachable(f"the target is met for more than {lo * unit} steps, and the accountant "
-                              f"composes at most {MAX_STEPS:.0e}: the mechanism leaks almost nothing")
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+    try:
+        lo = fdp.most_steps(mech, target_epsilon=target, delta=delta, unit=unit)
+    except ValueError as err:
+        if "unreachable" in str(err):
+            raise Unreachable(str(err)) from None
+        raise
     setting = describe(args, sigma, r, {**info, name: lo, "steps": lo * unit} if name == "epochs" else
                         {**info, "steps": lo})
     return ({"target_epsilon": target, "delta": delta, **setting},
@@ -170,20 +140,13 @@ def _calibrate_scheme(args, target: float, delta: float) -> tuple[dict[str, Any]
                 f"{setting_line(setting)}")
     sigma = sigma_of(args)
 
-    def meets(epochs: int) -> bool:
-        mech, count = run(sigma, epochs)
-        return eps_upper(mech, count, delta) <= target
-
-    if not meets(1):
-        raise Unreachable(f"even one epoch gives epsilon > {target:g} at noise_multiplier={sigma:g}")
-    lo, hi = 1, 2
-    while meets(hi):
-        lo, hi = hi, hi * 2
-        if hi > 10**7:
-            raise Unreachable(f"the target is met for more than {lo} epochs: the mechanism leaks almost nothing")
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+    mech, per_epoch = run(sigma, 1)  # one event per epoch (random allocation) or per step
+    try:
+        lo = fdp.most_steps(mech, target_epsilon=target, delta=delta, unit=per_epoch)
+    except ValueError as err:
+        if "unreachable" in str(err):
+            raise Unreachable(str(err)) from None
+        raise
     setting = describe(args, sigma, None, scheme_info(args, *run(sigma, lo), lo))
     return ({"target_epsilon": target, "delta": delta, **setting},
             f"{lo} epochs (the most) meet epsilon <= {target:g} at delta={delta:g}\n{setting_line(setting)}")
