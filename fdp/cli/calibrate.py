@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from fdp.cli.arguments import (UsageError, Unreachable, check_selected, describe, factory, projections_of, scheme_info, setting_line,
                                sigma_of, steps_of)
@@ -45,6 +46,18 @@ def cmd_calibrate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                      "or the steps (--steps / --epochs)")
 
 
+@contextlib.contextmanager
+def _exit_1_if_unreachable() -> Iterator[None]:
+    """A target that cannot be met (the library's ValueError says "unreachable") exits with
+    status 1, not 2: the flags were right, the budget is too small."""
+    try:
+        yield
+    except ValueError as err:
+        if "unreachable" in str(err):
+            raise Unreachable(str(err)) from None
+        raise
+
+
 def _calibrate_sigma(args, target: float, delta: float, p: float, t: int, r: int | None) -> float:
     import fdp
 
@@ -52,13 +65,9 @@ def _calibrate_sigma(args, target: float, delta: float, p: float, t: int, r: int
     kwargs = dict(sampling_rate=p, jl_projections=r) if isinstance(kind, str) else {}
     if kind == "gaussian":
         kwargs.pop("jl_projections")
-    try:
+    with _exit_1_if_unreachable():
         return fdp.calibrate_noise_multiplier(target_epsilon=target, delta=delta, steps=t, mechanism=kind,
                                               progress=not args.json and sys.stderr.isatty(), **kwargs)
-    except ValueError as err:
-        if "unreachable" in str(err):
-            raise Unreachable(str(err)) from None
-        raise
 
 
 def _fewest_projections(args, target: float, delta: float, p: float, t: int, sigma: float) -> int:
@@ -69,13 +78,9 @@ def _fewest_projections(args, target: float, delta: float, p: float, t: int, sig
         if not args.json:
             print(f"fdp calibrate: r={r} {'meets' if ok else 'misses'} the target", file=sys.stderr)
 
-    try:
+    with _exit_1_if_unreachable():
         return fdp.fewest_jl_projections(noise_multiplier=sigma, sampling_rate=p, steps=t, target_epsilon=target,
                                          delta=delta, progress=said)
-    except ValueError as err:
-        if "unreachable" in str(err):
-            raise Unreachable(str(err)) from None
-        raise
 
 
 def _calibrate_steps(args, target, delta, p, sigma, r, info) -> tuple[dict[str, Any], str]:
@@ -87,12 +92,8 @@ def _calibrate_steps(args, target, delta, p, sigma, r, info) -> tuple[dict[str, 
     unit = info.get("steps_per_epoch", 1)
     name = "epochs" if "steps_per_epoch" in info else "steps"
 
-    try:
+    with _exit_1_if_unreachable():
         lo = fdp.most_steps(mech, target_epsilon=target, delta=delta, unit=unit)
-    except ValueError as err:
-        if "unreachable" in str(err):
-            raise Unreachable(str(err)) from None
-        raise
     setting = describe(args, sigma, r, {**info, name: lo, "steps": lo * unit} if name == "epochs" else
                         {**info, "steps": lo})
     return ({"target_epsilon": target, "delta": delta, **setting},
@@ -126,14 +127,10 @@ def _calibrate_scheme(args, target: float, delta: float) -> tuple[dict[str, Any]
 
     if args.noise_multiplier is None:
         probe, steps = run(1.0, args.epochs)
-        try:
+        with _exit_1_if_unreachable():
             sigma = fdp.calibrate_noise_multiplier(target_epsilon=target, delta=delta, steps=steps,
                                                    mechanism=lambda s: run(s, args.epochs)[0],
                                                    progress=not args.json and sys.stderr.isatty())
-        except ValueError as err:
-            if "unreachable" in str(err):
-                raise Unreachable(str(err)) from None
-            raise
         setting = describe(args, sigma, None, scheme_info(args, probe, steps, args.epochs))
         return ({"target_epsilon": target, "delta": delta, **setting},
                 f"noise_multiplier={sigma:.6g} meets epsilon <= {target:g} at delta={delta:g} (certified)\n"
@@ -141,12 +138,8 @@ def _calibrate_scheme(args, target: float, delta: float) -> tuple[dict[str, Any]
     sigma = sigma_of(args)
 
     mech, per_epoch = run(sigma, 1)  # one event per epoch (random allocation) or per step
-    try:
+    with _exit_1_if_unreachable():
         lo = fdp.most_steps(mech, target_epsilon=target, delta=delta, unit=per_epoch)
-    except ValueError as err:
-        if "unreachable" in str(err):
-            raise Unreachable(str(err)) from None
-        raise
     setting = describe(args, sigma, None, scheme_info(args, *run(sigma, lo), lo))
     return ({"target_epsilon": target, "delta": delta, **setting},
             f"{lo} epochs (the most) meet epsilon <= {target:g} at delta={delta:g}\n{setting_line(setting)}")
