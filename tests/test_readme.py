@@ -20,6 +20,7 @@ def test_readme_quick_start_runs(tmp_path):
     result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "eps upper" in result.stdout
+    assert "why larger: DP-SGD-JL clips by an estimate" in result.stdout  # JL's epsilon is explained
     assert png.stat().st_size > 1000
 
 
