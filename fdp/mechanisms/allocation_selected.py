@@ -60,8 +60,8 @@ def block_sizes(steps: int, selected: int) -> tuple[tuple[int, int], ...]:
 
 @dataclass(frozen=True)
 class AllocationBlock(Mechanism):
-    """One of the k blocks of a k-of-t random-allocation epoch (:mod:`this module's <fdp.mechanisms.allocation_selected>`
-    docstring has the argument): the dominating side is the 1-of-m allocation ``block``,
+    """One of the k blocks of a k-of-t random-allocation epoch (the argument is this module's
+    docstring): the dominating side is the 1-of-m allocation ``block``,
     the dominated side the Gaussian ``share`` of the sum statistic (noise multiplier
     sigma sqrt(t / k)). Internal to the accountant: users compose
     ``fdp.RandomAllocation(..., selected=k)``."""
