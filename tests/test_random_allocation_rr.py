@@ -100,3 +100,13 @@ def test_one_step_is_randomized_response_and_many_steps_hide_more() -> None:
 def test_randomized_response_refuses_more_than_one_step_per_example() -> None:
     with pytest.raises(ValueError, match="Gaussian step only"):
         fdp.RandomAllocation(fdp.RandomizedResponse(epsilon=1.0), steps_per_epoch=10, selected=2)
+
+
+def test_an_epsilon_beyond_what_can_be_hidden_is_refused_not_a_crash() -> None:
+    """epsilon 1e300 raised an OverflowError from the atoms' error bound; now a ValueError
+    naming epsilon (t = 1 is the step itself and keeps the step's own range)."""
+    with pytest.raises(ValueError, match="epsilon must be at most 100"):
+        fdp.RandomAllocation(fdp.RandomizedResponse(epsilon=1e300), steps_per_epoch=5)
+    lower, upper = fdp.PLDAccountant().compose(
+        fdp.RandomAllocation(fdp.RandomizedResponse(epsilon=100.0), steps_per_epoch=1000), steps=2).get_epsilon_bounds(1e-5)
+    assert 0 < lower <= upper < math.inf

@@ -58,6 +58,9 @@ MAX_STEPS_PER_EPOCH = 10**6
 #: Lattice spacing as a fraction of the sd of one epoch's likelihood ratio S / t: the
 #: split into two atoms per class widens the bracket by O((spacing / sd)^2) per epoch.
 SPACING_PER_SD = 1 / 16
+#: Largest randomized-response epsilon inside random allocation (its atoms' rounding bound
+#: grows like t * epsilon; at 100 and t = 10^6 it is ~1e-6 of a mass).
+MAX_RR_EPSILON = 100.0
 #: A lattice coarser than half the sd no longer says anything useful: refused.
 COARSEST_SPACING_PER_SD = 1 / 2
 
@@ -122,8 +125,14 @@ class RandomAllocation(Mechanism):
                                  "allocation, docs/sampling.md), or Poisson sampling")
             self.parts()  # builds (and so checks) every block's lattice now
             return
-        if self.steps_per_epoch == 1 or isinstance(self.mechanism, RandomizedResponse):
-            return  # one step at rate 1: the step itself (see _one_step); RR: t + 1 atoms
+        if isinstance(self.mechanism, RandomizedResponse) and self.steps_per_epoch > 1:
+            if self.mechanism.epsilon > MAX_RR_EPSILON:  # its atoms' error bound grows with t eps0
+                raise ValueError(f"epsilon must be at most {MAX_RR_EPSILON:g} for randomized response inside random "
+                                 f"allocation (one step's privacy loss; beyond it nothing is hidden); got "
+                                 f"{format_value(self.mechanism.epsilon)}")
+            return  # t + 1 atoms, no lattice
+        if self.steps_per_epoch == 1:
+            return  # one step at rate 1: the step itself (see _one_step)
         if isinstance(self.mechanism, Gaussian):  # refuse at once a lattice that would not fit
             _plan(self.mu, self.steps_per_epoch)
         else:
