@@ -107,6 +107,6 @@ def test_an_epsilon_beyond_what_can_be_hidden_is_refused_not_a_crash() -> None:
     naming epsilon (t = 1 is the step itself and keeps the step's own range)."""
     with pytest.raises(ValueError, match="epsilon must be at most 100"):
         fdp.RandomAllocation(fdp.RandomizedResponse(epsilon=1e300), steps_per_epoch=5)
-    lower, upper = fdp.PLDAccountant().compose(
-        fdp.RandomAllocation(fdp.RandomizedResponse(epsilon=100.0), steps_per_epoch=1000), steps=2).get_epsilon_bounds(1e-5)
+    epoch = fdp.RandomAllocation(fdp.RandomizedResponse(epsilon=100.0), steps_per_epoch=1000)
+    lower, upper = fdp.PLDAccountant().compose(epoch, steps=2).get_epsilon_bounds(1e-5)
     assert 0 < lower <= upper < math.inf
