@@ -110,3 +110,12 @@ def test_an_epsilon_beyond_what_can_be_hidden_is_refused_not_a_crash() -> None:
     epoch = fdp.RandomAllocation(fdp.RandomizedResponse(epsilon=100.0), steps_per_epoch=1000)
     lower, upper = fdp.PLDAccountant().compose(epoch, steps=2).get_epsilon_bounds(1e-5)
     assert 0 < lower <= upper < math.inf
+
+
+def test_the_epoch_curve_is_the_accountants_certified_one() -> None:
+    """The epoch's tradeoff curve comes from the cells that charge the atoms' rounding."""
+    epoch = fdp.RandomAllocation(fdp.RandomizedResponse(epsilon=1.0), steps_per_epoch=50)
+    alpha = np.linspace(0.0, 1.0, 21)
+    ours = np.asarray(epoch.tradeoff()(alpha))
+    certified = np.asarray(fdp.PLDAccountant().compose(epoch).tradeoff()(alpha))
+    assert np.array_equal(ours, certified) and np.all(ours <= 1 - alpha + 1e-12)

@@ -225,7 +225,8 @@ class RandomAllocation(Mechanism):
         curve is f^-1), below the true curve of either ordering."""
         from fdp.tradeoff import PiecewiseLinearCurve
 
-        if self.selected > 1:
+        if self.selected > 1 or (isinstance(self.mechanism, RandomizedResponse) and self._one_step is None):
+            # blocks, or atoms whose rounding only the cells charge: the accountant's certified curve
             from fdp.accountant import PLDAccountant
 
             return PLDAccountant().compose(self).tradeoff()
