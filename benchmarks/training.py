@@ -101,8 +101,9 @@ def _optimizer(name: str):
         return fdp_tf.DPAdamVanilla(**dp)
     if name.startswith("vanilla_"):
         return fdp_tf.DPAdamVanilla(per_example_method=name.split("_")[1], **dp)
-    if name.startswith("jl"):
-        return fdp_tf.DPAdamJL(jl_projections=int(name[2:]), **dp)
+    if name.startswith("jl"):  # "jl4", or "jl4_double_vjp" for a given jvp_method
+        r, _, method = name[2:].partition("_")
+        return fdp_tf.DPAdamJL(jl_projections=int(r), jvp_method=method or "auto", **dp)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -239,7 +240,8 @@ def _label(opt: str) -> str:
         return f"DPAdamVanilla (exact, {opt.split('_')[1]})"
     if opt == "tfp":
         return "TF Privacy DPKerasAdam"
-    return f"DPAdamJL r={opt[2:]}"
+    r, _, method = opt[2:].partition("_")
+    return f"DPAdamJL r={r}" + (f" ({method})" if method else "")
 
 
 def _print_table(model_name: str, batch: int, rows: dict[str, dict[str, Any]]) -> None:
@@ -316,6 +318,9 @@ def main(argv: list[str] | None = None) -> None:
                         choices=["layerwise", "vectorized", "loop"],
                         help="exact DP-Adam columns besides per_example_method='auto' (default: "
                              "vectorized, the pfor approach of TF Privacy; --quick: loop)")
+    parser.add_argument("--jvp-methods", nargs="*", default=[],
+                        choices=["layerwise", "forward", "double_vjp", "loop"],
+                        help="DP-Adam-JL columns with these jvp_methods besides 'auto' (every r)")
     parser.add_argument("--png", default="")
     parser.add_argument("--json", default="", help="write the raw results here")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -346,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         results[model_name] = {}
         # "auto" picks layerwise for both models; time the other exact methods beside it.
         extra = [f"vanilla_{m}" for m in args.exact_methods]
+        extra += [f"jl{r}_{m}" for m in args.jvp_methods for r in args.projections]
         for opt in [*opts, *extra]:
             config = dict(model_name=model_name, opt_name=opt, batch=batch, steps=args.steps,
                           warmup=args.warmup, max_seconds=args.max_seconds, length=args.length)

@@ -28,6 +28,7 @@ __all__ = [
     "clip_factors",
     "clipped_gradient",
     "dropped_count",
+    "plus_regularization",
     "regularization_gradient",
     "release",
 ]
@@ -101,6 +102,14 @@ def regularization_gradient(recorded: RecordedForward, variables: Sequence[Any])
         return [None] * len(variables)
     # not every variable is regularised; TF cannot zero-fill Keras variables (string dtype)
     return list(recorded.tape.gradient(reg, list(variables)))
+
+
+def plus_regularization(grads: Sequence[tf.Tensor], recorded: RecordedForward,
+                        variables: Sequence[Any]) -> list[tf.Tensor]:
+    """``grads`` plus the unclipped gradient of the data-independent regularization."""
+    reg = regularization_gradient(recorded, variables)
+    return [g if rg is None else g + tf.cast(tf.convert_to_tensor(rg), g.dtype)
+            for g, rg in zip(grads, reg)]
 
 
 def release(

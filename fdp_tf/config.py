@@ -25,10 +25,10 @@ __all__ = [
     "check_expected_batch_size",
 ]
 
-JvpMethod = Literal["auto", "forward", "double_vjp"]
+JvpMethod = Literal["auto", "layerwise", "forward", "double_vjp", "loop"]
 PerExampleMethod = Literal["auto", "layerwise", "vectorized", "loop"]
 
-JVP_METHODS: tuple[str, ...] = ("auto", "forward", "double_vjp")
+JVP_METHODS: tuple[str, ...] = ("auto", "layerwise", "forward", "double_vjp", "loop")
 PER_EXAMPLE_METHODS: tuple[str, ...] = ("auto", "layerwise", "vectorized", "loop")
 
 # r nested tf.autodiff.ForwardAccumulators share one forward pass, but the traced
@@ -47,9 +47,12 @@ class DPConfig:
       jl_projections: r >= 1 for DP-SGD-JL / DP-Adam-JL; ``None`` for exact
         per-example clipping (DP-SGD of Abadi et al., the seed's Algorithm 4).
       jvp_method: how the JL projections P_ij = <grad l_i, v_j> are computed:
+        ``"layerwise"`` (from the layers' inputs and backpropagated gradients, one
+        forward and one backward pass for any r, through LSTM/GRU/SimpleRNN too),
         ``"forward"`` (forward-mode JVP, nested accumulators, r <= 2),
         ``"double_vjp"`` (reverse-over-reverse, any r, works through
-        ``tf.while_loop``), or ``"auto"`` (decided per model).
+        ``tf.while_loop``), ``"loop"`` (exact per-example gradients, one backward
+        pass per example), or ``"auto"`` (decided per model).
       per_example_method: how exact per-example gradients are computed
         (``"layerwise"`` = exact norms layer by layer from activations and
         backpropagated gradients, then one reweighted backward pass;

@@ -21,11 +21,18 @@ norm of exactly the gradient that gets clipped.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Sequence
 
 import tensorflow as tf
 
-from fdp_tf.clipping import check_batch_size, clip_factors, clipped_gradient, release
+from fdp_tf.clipping import (
+    check_batch_size,
+    clip_factors,
+    clipped_gradient,
+    plus_regularization,
+    release,
+)
 from fdp_tf.forward import (
     ZERO,
     ForwardFn,
@@ -35,7 +42,9 @@ from fdp_tf.forward import (
     raw_variables,
     record_forward,
 )
-from fdp_tf.randomness import DIRECTIONS_STREAM, step_randomness
+from fdp_tf.layerwise import drawn_layerwise_projections, layerwise_pieces, reconstructed_sum
+from fdp_tf.per_example import clipped_per_example_sum, per_example_gradients
+from fdp_tf.randomness import DIRECTIONS_STREAM, num_replicas, step_randomness
 
 __all__ = [
     "double_vjp_projections",
@@ -43,6 +52,8 @@ __all__ = [
     "jl_norm_estimates",
     "jl_norms",
     "jl_private_gradient",
+    "layerwise_jl_gradient",
+    "loop_jl_clipped",
     "sample_directions",
 ]
 
@@ -225,11 +236,12 @@ def jl_private_gradient(
     expected_batch_size: int,
     rng: Any = None,
     jvp_method: str = "forward",
+    model: Any = None,
 ) -> PrivateGradient:
     """One DP-SGD-JL gradient (seed, Algorithm 1, lines 5-14).
 
         v_1..v_r ~ N(0, I_d)
-        P_ij = <grad l_i, v_j>                   (forward-mode jvp or double vjp)
+        P_ij = <grad l_i, v_j>       (layer taps, forward-mode jvp or double vjp)
         M_i  = sqrt( sum_j P_ij^2 / r )
         g~   = grad (1/B) sum_i min(1, C/M_i) l_i  +  (sigma C / B) N(0, I_d)
 
@@ -243,20 +255,129 @@ def jl_private_gradient(
         (required: the realised size would make the noise scale data-dependent).
       rng: ``tf.random.Generator`` for directions and noise; ``None``: OS entropy.
         An int is refused (it would repeat the same noise at every call).
-      jvp_method: ``"forward"``, ``"double_vjp"`` or ``"auto"``.
+      jvp_method: ``"layerwise"`` (needs ``model``; see :func:`layerwise_jl_gradient`),
+        ``"forward"``, ``"double_vjp"``, ``"loop"`` (exact per-example gradients, one
+        backward pass per example: see :func:`loop_jl_clipped`) or ``"auto"``.
+      model: the Keras model run by ``forward_fn`` (for ``"layerwise"``).
     """
     batch = check_batch_size(expected_batch_size)
     draws = step_randomness(rng)
-    recorded, norms = jl_norm_estimates(
-        forward_fn, variables, jl_projections, rng=draws, jvp_method=jvp_method
-    )
-    losses = recorded.forward.per_example_losses
-    factors = clip_factors(norms, l2_norm_clip, losses)
-    clipped = clipped_gradient(recorded, variables, factors, batch)
+    if jvp_method == "layerwise":
+        if model is None:
+            raise ValueError("jvp_method='layerwise' needs the model (model=...)")
+        return layerwise_jl_gradient(
+            forward_fn, variables, model, l2_norm_clip=l2_norm_clip,
+            noise_multiplier=noise_multiplier, jl_projections=jl_projections,
+            expected_batch_size=batch, rng=draws,
+        )
+    if jvp_method == "loop":
+        recorded = record_forward(forward_fn, persistent=True)
+        directions = sample_directions(variables, jl_projections, draws)
+        clipped, norms, factors = loop_jl_clipped(recorded, variables, directions, l2_norm_clip, batch)
+        clipped = plus_regularization(clipped, recorded, variables)
+    else:
+        recorded, norms = jl_norm_estimates(
+            forward_fn, variables, jl_projections, rng=draws, jvp_method=jvp_method
+        )
+        factors = clip_factors(norms, l2_norm_clip, recorded.forward.per_example_losses)
+        clipped = clipped_gradient(recorded, variables, factors, batch)
     return release(
         clipped, recorded, norms, factors, l2_norm_clip=l2_norm_clip,
         noise_multiplier=noise_multiplier, expected_batch_size=batch, rng=draws,
     )
+
+
+def layerwise_jl_gradient(
+    forward_fn: ForwardFn,
+    variables: Sequence[Any],
+    model: Any,
+    *,
+    l2_norm_clip: float,
+    noise_multiplier: float,
+    jl_projections: int,
+    expected_batch_size: int,
+    rng: Any = None,
+) -> PrivateGradient:
+    """DP-SGD-JL with the projections and the clipped sum read from layer taps.
+
+    One forward pass records, for every supported layer (Dense, Conv, Embedding, LSTM,
+    GRU, SimpleRNN, also inside Bidirectional), its input a and the adjoint g of its
+    pre-activation; one backward pass of sum_i l_i gives every g. Example i's gradient
+    is then G_i = sum_n a_in^T g_in per layer, and
+
+        P_ij = <G_i, v_j> = sum_layers sum_n (a_in V_j) . g_in
+
+    is the jvp of l_i in direction v_j by the tangent-adjoint identity: a_in V_j is the
+    tangent of the pre-activation, g_in its adjoint. No tangent travels through the
+    network or a recurrence, so r directions cost r products with the layers' inputs.
+    The released sum is sum_i c_i G_i / B from the same pieces: what is clipped is
+    exactly what M_i estimates, whatever the model does.
+
+    Every step checks that the taps saw every use of every weight
+    (:func:`fdp_tf.layerwise.escaped_gradients_vanish`); if not, that step takes the
+    projections of exact per-example gradients of a fresh pass (:func:`loop_jl_clipped`).
+    A model the taps cannot handle warns and uses the double vjp.
+    """
+    batch = check_batch_size(expected_batch_size)
+    draws = step_randomness(rng)
+    found = layerwise_pieces(forward_fn, variables, model, draws)
+    if found.pieces is None:
+        directions = sample_directions(variables, jl_projections, draws)
+        warnings.warn(
+            f"jvp_method='layerwise' cannot handle this model ({found.reason}); computing "
+            "the JL projections by the double vjp", RuntimeWarning, stacklevel=3,
+        )
+        projections = double_vjp_projections(found.recorded, variables, directions)
+        norms = jl_norms(projections)
+        factors = clip_factors(norms, l2_norm_clip, found.recorded.forward.per_example_losses)
+        clipped = clipped_gradient(found.recorded, variables, factors, batch)
+        return release(clipped, found.recorded, norms, factors, l2_norm_clip=l2_norm_clip,
+                       noise_multiplier=noise_multiplier, expected_batch_size=batch, rng=draws)
+    recorded, covered = found.recorded, found.covered
+    losses = recorded.forward.per_example_losses
+
+    def taps() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+        projections = drawn_layerwise_projections(
+            found.pieces, variables, jl_projections,
+            lambda shape, dtype: draws.normal(shape, dtype, DIRECTIONS_STREAM), losses,
+            rows_only=num_replicas() == 1)
+        norms = jl_norms(projections)
+        factors = clip_factors(norms, l2_norm_clip, losses)
+        return reconstructed_sum(found.pieces, variables, factors / tf.cast(batch, factors.dtype)), norms, factors
+
+    def fresh() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+        # the tapped pass read its weights as constants: per-example gradients need another
+        return loop_jl_clipped(record_forward(forward_fn, persistent=True), variables,
+                               sample_directions(variables, jl_projections, draws), l2_norm_clip, batch)
+
+    if tf.executing_eagerly():
+        clipped, norms, factors = taps() if bool(covered) else fresh()
+    else:
+        clipped, norms, factors = tf.cond(covered, taps, fresh)
+    return release(
+        plus_regularization(clipped, recorded, variables), recorded, norms, factors,
+        l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, expected_batch_size=batch,
+        rng=draws, fallbacks=tf.cast(tf.logical_not(covered), tf.int32),
+    )
+
+
+def loop_jl_clipped(
+    recorded: RecordedForward, variables: Sequence[Any], directions: Sequence[tf.Tensor],
+    l2_norm_clip: float, batch: int,
+) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+    """(sum_i c_i g_i / B, M, c) with P_ij = <g_i, v_j> from exact per-example gradients,
+    one backward pass per example (``jvp_method="loop"``): slow to run, quick to trace,
+    exact through any model, the reference the other methods are checked against. The
+    regularization is not included. The tape of ``recorded`` must be persistent."""
+    per_example = per_example_gradients(recorded, variables, vectorized=False)
+    projections = tf.add_n([
+        tf.linalg.matmul(tf.reshape(g, (tf.shape(g)[0], -1)),
+                         tf.reshape(tf.cast(d, g.dtype), (tf.shape(d)[0], -1)), transpose_b=True)
+        for g, d in zip(per_example, directions)
+    ])
+    norms = jl_norms(projections)
+    factors = clip_factors(norms, l2_norm_clip, recorded.forward.per_example_losses)
+    return clipped_per_example_sum(per_example, factors, batch), norms, factors
 
 
 def _num_directions(directions: Sequence[tf.Tensor]) -> int:

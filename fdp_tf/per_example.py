@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from fdp_tf.clipping import check_batch_size, clip_factors, regularization_gradient, release
+from fdp_tf.clipping import check_batch_size, clip_factors, plus_regularization, release
 from fdp_tf.config import PER_EXAMPLE_METHODS
 from fdp_tf.forward import ZERO, ForwardFn, PrivateGradient, RecordedForward, record_forward
 from fdp_tf.introspection import looped_rnn_layers
@@ -25,6 +25,7 @@ from fdp_tf.layerwise import layerwise_norms, reconstructed_sum
 from fdp_tf.randomness import step_randomness
 
 __all__ = [
+    "clipped_per_example_sum",
     "per_example_gradients",
     "per_example_norms",
     "vanilla_private_gradient",
@@ -45,17 +46,21 @@ def per_example_gradients(
     persistent. An empty batch (possible with Poisson sampling) gives ``[0, ...]``.
     """
     losses = recorded.forward.per_example_losses
-
-    def jacobian() -> list[tf.Tensor]:
-        return _jacobian(recorded, variables, vectorized)
-
-    def empty() -> list[tf.Tensor]:
-        return [tf.zeros((0, *tuple(v.shape)), v.dtype) for v in variables]
-
     static = losses.shape[0]
     if static is not None:
-        return jacobian() if static > 0 else empty()
-    return tf.cond(tf.shape(losses)[0] > 0, jacobian, empty)
+        if static == 0:
+            return [tf.zeros((0, *tuple(v.shape)), v.dtype) for v in variables]
+        return _jacobian(recorded, variables, vectorized)
+    # A batch of unknown size may be empty. A tf.cond around the jacobian would not do:
+    # XLA compiles both branches for the actual size, and the jacobian's loop does not
+    # compile on zero rows. So one data-independent row of loss 0 is appended (its
+    # gradient is 0) and cut off again: the loop always has a row.
+    rows = tf.shape(losses)[0]
+    with recorded.tape:
+        padded = tf.concat([losses, tf.zeros([1], losses.dtype)], 0)[: tf.maximum(rows, 1)]
+    padded_forward = type(recorded.forward)(padded, recorded.forward.regularization, recorded.forward.outputs)
+    jac = _jacobian(type(recorded)(recorded.tape, padded_forward, recorded.projections), variables, vectorized)
+    return [j[:rows] for j in jac]
 
 
 def _jacobian(recorded: RecordedForward, variables: Sequence[Any], vectorized: bool) -> list[tf.Tensor]:
@@ -95,21 +100,21 @@ def _clipped_from_per_example(
     """(sum_i c_i g_i / B per variable, norms, factors) from exact per-example gradients."""
     per_example = per_example_gradients(recorded, variables, vectorized=vectorized)
     norms = per_example_norms(per_example)
-    losses = recorded.forward.per_example_losses
-    factors = clip_factors(norms, l2_norm_clip, losses)
+    factors = clip_factors(norms, l2_norm_clip, recorded.forward.per_example_losses)
+    return clipped_per_example_sum(per_example, factors, batch), norms, factors
+
+
+def clipped_per_example_sum(per_example: Sequence[tf.Tensor], factors: tf.Tensor, batch: int) -> list[tf.Tensor]:
+    """sum_i c_i g_i / B per variable; rows with c_i = 0 are excluded (they may hold inf
+    or NaN, and 0 * inf is NaN)."""
     keep = factors > 0
     weights = factors / tf.cast(batch, factors.dtype)
     grads = []
     for g in per_example:
         mask = tf.reshape(keep, tf.concat([tf.shape(keep), tf.ones([tf.rank(g) - 1], tf.int32)], 0))
-        g = tf.where(mask, g, tf.zeros_like(g))  # dropped rows may hold inf or NaN
+        g = tf.where(mask, g, tf.zeros_like(g))
         grads.append(tf.tensordot(tf.cast(weights, g.dtype), g, axes=1))
-    return grads, norms, factors
-
-
-def _with_regularization(grads: list[tf.Tensor], recorded: RecordedForward, variables: Sequence[Any]) -> list[tf.Tensor]:
-    reg = regularization_gradient(recorded, variables)
-    return [g if rg is None else g + tf.cast(tf.convert_to_tensor(rg), g.dtype) for g, rg in zip(grads, reg)]
+    return grads
 
 
 def vanilla_private_gradient(
@@ -158,7 +163,7 @@ def vanilla_private_gradient(
                 forward_fn, recorded, variables, norms, pieces, covered, l2_norm_clip, batch
             )
             return release(
-                _with_regularization(clipped, recorded, variables), recorded, norms, factors,
+                plus_regularization(clipped, recorded, variables), recorded, norms, factors,
                 l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
                 expected_batch_size=batch, rng=draws,
                 fallbacks=tf.cast(tf.logical_not(covered), tf.int32),
@@ -175,7 +180,7 @@ def vanilla_private_gradient(
         recorded = record_forward(forward_fn, persistent=True)
     clipped, norms, factors = _clipped_from_per_example(recorded, variables, vectorized, l2_norm_clip, batch)
     return release(
-        _with_regularization(clipped, recorded, variables), recorded, norms, factors,
+        plus_regularization(clipped, recorded, variables), recorded, norms, factors,
         l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
         expected_batch_size=batch, rng=draws,
     )

@@ -50,7 +50,13 @@ import tensorflow as tf
 from fdp_tf.forward import ZERO, ForwardFn, ForwardPass, record_forward
 from fdp_tf.introspection import looped_rnn_layers
 from fdp_tf.jl import jl_norm_estimates
-from fdp_tf.layerwise import layerwise_norms, layerwise_unsupported, reconstructed_sum
+from fdp_tf.layerwise import (
+    layerwise_norms,
+    layerwise_pieces,
+    layerwise_projections,
+    layerwise_unsupported,
+    reconstructed_sum,
+)
 from fdp_tf.per_example import per_example_gradients
 from fdp_tf.refusals import gated, refuse_unless
 
@@ -184,7 +190,8 @@ def method_check(kind: str, method: str, variables: Sequence[Any], model: Any) -
 
     Args:
       kind: ``"jl"`` or ``"exact"``.
-      method: the jvp method (``"auto"`` = forward mode, ``"forward"``, ``"double_vjp"``)
+      method: the jvp method (``"layerwise"``, ``"auto"`` = forward mode, ``"forward"``,
+        ``"double_vjp"``)
         or the per-example method (``"layerwise"``, ``"vectorized"``, ``"loop"``).
     """
     variables = list(variables)
@@ -193,6 +200,25 @@ def method_check(kind: str, method: str, variables: Sequence[Any], model: Any) -
     def weighted_truth(recorded: Any, w: tf.Tensor) -> list[tf.Tensor]:
         losses = recorded.forward.per_example_losses
         return list(recorded.tape.gradient(losses, variables, output_gradients=w, unconnected_gradients=ZERO))
+
+    def jl_layerwise(forward_fn: ForwardFn) -> tf.Tensor:
+        # the projections are what the released pieces' norms are estimated from, so both
+        # must hold: sum_i w_i P_i = <sum_i w_i G_i, v> (the projections are those of the
+        # pieces) and the pieces plus the uses the taps did not see give the model's gradient
+        found = layerwise_pieces(forward_fn, variables, model, check=False)
+        if found.pieces is None:  # the step falls back to the double vjp, the reference
+            return tf.constant(True)
+        losses = found.recorded.forward.per_example_losses
+        w = _weights(losses)
+        projected = layerwise_projections(found.pieces, variables, direction, losses)[:, 0]
+        mine = tf.reduce_sum(tf.cast(w * projected, tf.float64))
+        scale = tf.reduce_sum(tf.abs(tf.cast(w * projected, tf.float64)))
+        summed = reconstructed_sum(found.pieces, variables, w)
+        of_sum = tf.add_n([tf.reduce_sum(tf.cast(g * d[0], tf.float64)) for g, d in zip(summed, direction)])
+        consistent = tf.abs(mine - of_sum) <= METHOD_RTOL * (scale + tf.abs(of_sum)) + 1e-30
+        escaped = found.recorded.tape.gradient(losses, variables, output_gradients=w)
+        total = [t if e is None else t + tf.cast(tf.convert_to_tensor(e), t.dtype) for t, e in zip(summed, escaped)]
+        return tf.logical_and(consistent, _vectors_agree(total, weighted_truth(record_forward(forward_fn), w)))
 
     def jl(forward_fn: ForwardFn) -> tf.Tensor:
         recorded, _ = jl_norm_estimates(forward_fn, variables, 1, jvp_method=method, directions=direction)
@@ -228,7 +254,9 @@ def method_check(kind: str, method: str, variables: Sequence[Any], model: Any) -
         return _vectors_agree(mine, weighted_truth(recorded, w))
 
     if kind == "jl":
-        return jl
+        if method == "loop":  # exact per-example gradients: the reference
+            return lambda forward_fn: tf.constant(True)
+        return jl_layerwise if method == "layerwise" else jl
     if method == "loop":
         return lambda forward_fn: tf.constant(True)
     return exact

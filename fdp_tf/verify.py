@@ -8,7 +8,8 @@
    probe of :mod:`fdp_tf.probes` on that step's batch, before the step's own pass;
 3. **the step**, with the method that passed: ``per_example_method="auto"`` falls back
    to the per-example loop when pfor or the layer taps disagree with the batch
-   gradient, ``jvp_method="auto"`` to the double vjp when forward mode does; an
+   gradient, ``jvp_method="auto"`` to the per-example loop when the taps' projections
+   disagree with it and to the double vjp when forward mode does; an
    explicitly chosen method that fails is refused;
 4. **non-finite examples** dropped (:mod:`fdp_tf.nonfinite`);
 5. **the release gated**: the returned gradients depend on every check, so
@@ -148,7 +149,11 @@ def methods(optimizer: Any, model: Any) -> tuple[str, str, str | None]:
     config = optimizer.dp_config
     if config.uses_jl:
         primary = optimizer.resolve_jvp_method(model)
-        return "jl", primary, ("double_vjp" if config.jvp_method == "auto" and primary != "double_vjp" else None)
+        if config.jvp_method != "auto" or primary in ("double_vjp", "loop"):
+            return "jl", primary, None
+        # the taps' reference is the per-example loop (quick to trace, unlike the double
+        # vjp through a recurrent layer); forward mode's is the double vjp
+        return "jl", primary, ("loop" if primary == "layerwise" else "double_vjp")
     primary = optimizer.resolve_per_example_method(model)
     return "exact", primary, ("loop" if config.per_example_method == "auto" and primary != "loop" else None)
 

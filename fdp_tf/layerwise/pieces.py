@@ -12,7 +12,13 @@ From a and g alone, without materialising the G_i of the whole model:
 
     ||G_i||_F^2 = sum_{n,m} (a_in . a_im)(g_in . g_im)            (Gram form) or
                   ||a_i^T g_i||_F^2                               (explicit form),
-    sum_i w_i G_i = (w * a)^T g                                   (the weighted sum).
+    sum_i w_i G_i = (w * a)^T g                                   (the weighted sum),
+    <G_i, V_j>    = sum_n (a_in V_j) . g_in                       (JL projections).
+
+The last is the forward-mode derivative of l_i in direction V_j evaluated by the
+tangent-adjoint identity: a_in V_j is the tangent of the pre-activation at n when the
+weights move along V_j, g_in its adjoint, so the r projections of DP-SGD-JL cost one
+product with the layer's input per direction, and no pass through the network.
 
 A bias is the case a_in = 1 (G_i = sum_n g_in); an embedding table the case of
 one-hot a (rows selected by the token ids). A variable may be made of several
@@ -95,6 +101,23 @@ class OuterPiece:
         flat_g = tf.reshape(g, (-1, tf.shape(g)[-1]))
         return tf.linalg.matmul(flat_a, flat_g, transpose_a=True)
 
+    def projections(self, directions: tf.Tensor) -> tf.Tensor:
+        """<G_i, V_j> for directions V of shape [r, p, q]; shape [b, r]."""
+        a, g = tf.cast(self.a, self.g.dtype), self.g
+        v = tf.cast(directions, g.dtype)
+        if a.shape[1] == 1:  # one position: (a_i V_j) . g_i
+            return tf.einsum("brq,bq->br", tf.einsum("bp,rpq->brq", a[:, 0], v), g[:, 0])
+        if self._explicit_form:  # G_i is materialised anyway (norms, sum): one product
+            flat = tf.reshape(self._per_example, (tf.shape(g)[0], -1))
+            return tf.linalg.matmul(flat, tf.reshape(v, (tf.shape(v)[0], -1)), transpose_b=True)
+        # large p q, few positions: the tangent a V_j, one direction at a time
+        flat_a = tf.reshape(a, (-1, tf.shape(a)[-1]))
+        columns = []
+        for j in range(_directions_count(v)):
+            tangent = tf.reshape(tf.linalg.matmul(flat_a, v[j]), tf.shape(g))
+            columns.append(tf.reduce_sum(tangent * g, axis=[1, 2]))
+        return tf.stack(columns, axis=1)
+
 
 @dataclass(frozen=True)
 class SumPiece:
@@ -108,6 +131,11 @@ class SumPiece:
     def weighted_sum(self, weights: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
         g = _keep_rows(tf.reduce_sum(self.g, axis=1), keep)
         return tf.reduce_sum(g * _row_weights(weights, g), axis=0)
+
+    def projections(self, directions: tf.Tensor) -> tf.Tensor:
+        """<G_i, v_j> for directions of shape [r, q]; shape [b, r]."""
+        return tf.linalg.matmul(tf.reduce_sum(self.g, axis=1), tf.cast(directions, self.g.dtype),
+                                transpose_b=True)
 
 
 @dataclass(frozen=True)
@@ -148,6 +176,29 @@ class EmbeddingPiece:
             self.rows,
         )
 
+    def drawn_projections(self, r: int, normal: Callable[[Any], tf.Tensor]) -> tf.Tensor:
+        """<G_i, V_j> for V_j ~ N(0, I) drawn on the rows the batch uses only, [b, r].
+
+        G_i is zero outside the rows of example i, so only those rows of V_j enter: a
+        draw u ~ N(0, I) of shape [r, rows used, d], given to the rows in any order,
+        makes the projections exactly as distributed as with the whole table drawn.
+        ``normal(shape)`` draws standard normals."""
+        ids = tf.reshape(tf.cast(self.ids, tf.int64), (-1,))
+        used, slot = tf.unique(ids)
+        u = tf.cast(normal(tf.stack([r, tf.size(used), tf.shape(self.g)[-1]])), self.g.dtype)
+        flat_g = tf.reshape(self.g, (-1, tf.shape(self.g)[-1]))
+        per_position = tf.reduce_sum(tf.gather(u, slot, axis=1) * flat_g[None], axis=-1)  # [r, b n]
+        per_example = tf.reshape(per_position, tf.stack([r, tf.shape(self.g)[0], -1]))
+        return tf.transpose(tf.reduce_sum(per_example, axis=2))
+
+    def projections(self, directions: tf.Tensor) -> tf.Tensor:
+        """<G_i, V_j> = sum_n V_j[id_in] . g_in for directions [r, rows, d]; shape [b, r]."""
+        v = tf.cast(directions, self.g.dtype)
+        ids = tf.cast(self.ids, tf.int32)
+        columns = [tf.reduce_sum(tf.gather(v[j], ids) * self.g, axis=[1, 2])
+                   for j in range(_directions_count(v))]
+        return tf.stack(columns, axis=1)
+
 
 Piece = Any  # OuterPiece | SumPiece | EmbeddingPiece
 
@@ -177,3 +228,46 @@ class VariableGradient:
         if self.assemble is not None:
             return self.assemble(sums)
         return tf.reshape(sums[0], tuple(self.variable.shape))
+
+    def projections(self, directions: tf.Tensor) -> tf.Tensor:
+        """<G_i(variable), V_j> for directions of shape [r, *variable.shape]; [b, r].
+
+        The pieces cover disjoint slices, so the projection is the sum of each piece's
+        projection on its slice of V_j. The slices are read through ``assemble``'s
+        transpose (it is linear: a stack or a concatenation), so no slicing rule is
+        written twice."""
+        if self.assemble is None:
+            piece = self.pieces[0]
+            shape = tf.concat([[_directions_count(directions)], _piece_shape(piece)], 0)
+            return piece.projections(tf.reshape(directions, shape))
+        slices = _assemble_transpose(self, directions)
+        return tf.add_n([p.projections(s) for p, s in zip(self.pieces, slices)])
+
+
+def _directions_count(directions: tf.Tensor) -> int:
+    r = directions.shape[0]
+    if r is None:
+        raise ValueError("the number of JL directions must be known when tracing")
+    return int(r)
+
+
+def _piece_shape(piece: Piece) -> tf.Tensor:
+    """The shape of one example's G_i for ``piece``."""
+    if isinstance(piece, OuterPiece):
+        return tf.stack([tf.shape(piece.a)[-1], tf.shape(piece.g)[-1]])
+    if isinstance(piece, SumPiece):
+        return tf.shape(piece.g)[-1:]
+    return tf.stack([piece.rows, tf.shape(piece.g)[-1]])
+
+
+def _assemble_transpose(vg: VariableGradient, directions: tf.Tensor) -> list[tf.Tensor]:
+    """Per piece, the slices of the directions [r, *variable.shape]: the vjp of the
+    linear ``assemble`` at each direction, stacked to [r, *piece shape]."""
+    zeros = [tf.zeros(_piece_shape(p), directions.dtype) for p in vg.pieces]
+    per_direction = []
+    for j in range(_directions_count(directions)):
+        with tf.GradientTape() as tape:
+            tape.watch(zeros)
+            assembled = vg.assemble(zeros)  # type: ignore[misc]
+        per_direction.append(tape.gradient(assembled, zeros, output_gradients=directions[j]))
+    return [tf.stack([d[k] for d in per_direction]) for k in range(len(zeros))]

@@ -96,28 +96,24 @@ def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: 
     else:
         states = [tf.cast(s, dtype) for s in tf.nest.flatten(initial_state)]
     h0 = states[0]
-    c0 = states[1] if kind == "lstm" else tf.zeros_like(h0)
-    if mask is not None:
+    c0 = states[1] if kind == "lstm" else None
+    masked = mask is not None
+    if masked:
         m = tf.cast(tf.nest.flatten(mask)[0], tf.bool)
         if layer.go_backwards:
             m = tf.reverse(m, axis=[1])
         m = tf.transpose(tf.reshape(m, (batch, -1)), [1, 0])[:, :, None]  # [T, b, 1]
-    else:
-        m = tf.ones((tf.shape(x)[1], batch, 1), tf.bool)
     act, ract = cell.activation, getattr(cell, "recurrent_activation", None)
-    zero_output = bool(layer.zero_output_for_mask)
 
-    def step(carry: tuple, elems: tuple) -> tuple:
-        h, c, out, _h_prev, _r = carry
-        x_t, m_t = elems
-        r_aux = tf.zeros_like(h)
+    def cell_step(h: tf.Tensor, c: Any, x_t: tf.Tensor) -> tuple[tf.Tensor, Any, Any]:
+        """(h_new, c_new, GRU reset gate or None) of one step."""
         if kind == "lstm":
             z = x_t + tf.linalg.matmul(h, recurrent)
             z0, z1, z2, z3 = tf.split(z, 4, axis=-1)
             i, f, o = ract(z0), ract(z1), ract(z3)
             c_new = f * c + i * act(z2)
-            h_new = o * act(c_new)
-        elif kind == "gru":
+            return o * act(c_new), c_new, None
+        if kind == "gru":
             xz, xr, xh = tf.split(x_t, 3, axis=-1)
             if cell.reset_after:
                 inner = tf.linalg.matmul(h, recurrent)
@@ -131,32 +127,43 @@ def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: 
                 rz, rr = tf.split(inner, 2, axis=-1)
                 zg, r = ract(xz + rz), ract(xr + rr)
                 hh = act(xh + tf.linalg.matmul(r * h, recurrent[:, 2 * units :]))
-            h_new = zg * h + (1 - zg) * hh
-            c_new = c
-            r_aux = r
-        else:
-            h_new = x_t + tf.linalg.matmul(h, recurrent)
-            if act is not None:
-                h_new = act(h_new)
-            c_new = c
-        out_new = tf.where(m_t, h_new, tf.zeros_like(h_new) if zero_output else out)
-        h_next = tf.where(m_t, h_new, h)
-        c_next = tf.where(m_t, c_new, c) if kind == "lstm" else c_new
-        return h_next, c_next, out_new, h, r_aux
+            return zg * h + (1 - zg) * hh, c, r
+        h_new = x_t + tf.linalg.matmul(h, recurrent)
+        return (act(h_new) if act is not None else h_new), c, None
 
-    init = (h0, c0, tf.zeros_like(h0), tf.zeros_like(h0), tf.zeros_like(h0))
-    hs, cs, outs, h_prev, rs = tf.scan(
-        step, (tf.transpose(proj, [1, 0, 2]), m), initializer=init
-    )
+    # the carry is the state only (LSTM: h, c; GRU: h and its reset gate, which the
+    # gradient of its recurrent kernel needs; SimpleRNN: h): the outputs and h_{t-1} are
+    # read off the stacked states
+    def step(carry: tuple, elems: Any) -> tuple:
+        h, c = carry[0], (carry[1] if kind == "lstm" else None)
+        x_t, m_t = elems if masked else (elems, None)
+        h_new, c_new, r = cell_step(h, c, x_t)
+        if masked:  # a masked step keeps the state
+            h_new = tf.where(m_t, h_new, h)
+            c_new = tf.where(m_t, c_new, c) if kind == "lstm" else c_new
+        return {"lstm": (h_new, c_new), "gru": (h_new, r)}.get(kind, (h_new,))
+
+    init = {"lstm": (h0, c0), "gru": (h0, tf.zeros_like(h0))}.get(kind, (h0,))
+    time_major = tf.transpose(proj, [1, 0, 2])
+    stacked = tf.scan(step, (time_major, m) if masked else time_major, initializer=init)
+    hs = stacked[0]  # [T, b, units], the state after each step
+    h_prev = tf.concat([h0[None], hs[:-1]], axis=0)
     tap.values = {
         "inputs": x,
         "h_prev": tf.transpose(h_prev, [1, 0, 2]),
-        "r": tf.transpose(rs, [1, 0, 2]),
+        "r": tf.transpose(stacked[1], [1, 0, 2]) if kind == "gru" else None,
     }
+    if not masked:
+        outs = hs
+    elif layer.zero_output_for_mask:
+        outs = tf.where(m, hs, tf.zeros_like(hs))
+    else:  # Keras repeats the last output (0 before the first unmasked step)
+        seen = tf.cast(tf.cumsum(tf.cast(m, tf.int32), axis=0) > 0, tf.bool)
+        outs = tf.where(seen, hs, tf.zeros_like(hs))
     outputs = tf.transpose(outs, [1, 0, 2])
     output = outputs if layer.return_sequences else outs[-1]
     output = tf.cast(output, layer.compute_dtype)
     if layer.return_state:
-        final = [hs[-1], cs[-1]] if kind == "lstm" else [hs[-1]]
+        final = [hs[-1], stacked[1][-1]] if kind == "lstm" else [hs[-1]]
         return (output, *final)
     return output

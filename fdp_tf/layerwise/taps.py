@@ -44,8 +44,12 @@ from fdp_tf.randomness import CHECK_STREAM, StepRandomness, step_randomness
 __all__ = [
     "LayerTaps",
     "LayerwiseNorms",
+    "LayerwisePieces",
     "escaped_gradients_vanish",
     "layerwise_norms",
+    "layerwise_pieces",
+    "layerwise_projections",
+    "drawn_layerwise_projections",
     "reconstructed_sum",
 ]
 
@@ -260,6 +264,15 @@ def escaped_gradients_vanish(
     return ok
 
 
+class LayerwisePieces(NamedTuple):
+    """What :func:`layerwise_pieces` found."""
+
+    recorded: RecordedForward  # the recorded pass (persistent tape)
+    pieces: list[VariableGradient] | None  # per-variable pieces; None: the taps cannot be used
+    reason: str | None  # why the taps cannot be used
+    covered: tf.Tensor  # bool: the taps saw every use of every variable
+
+
 class LayerwiseNorms(NamedTuple):
     """What :func:`layerwise_norms` found."""
 
@@ -270,23 +283,21 @@ class LayerwiseNorms(NamedTuple):
     covered: tf.Tensor  # bool: the taps saw every use of every variable
 
 
-def layerwise_norms(
+def layerwise_pieces(
     forward_fn: ForwardFn, variables: Sequence[Any], model: Any, rng: Any = None, *,
     check: bool = True,
-) -> LayerwiseNorms:
-    """Record one forward pass and compute the exact ||g_i|| layer by layer.
+) -> LayerwisePieces:
+    """Record one forward pass with taps and return every variable's per-example pieces.
 
-    Returns a :class:`LayerwiseNorms`: the exact per-example gradient norms of shape
-    ``[b]``, the pieces and whether they cover every use of every variable (on a
-    pass whose tapped layers read their weights as constants: its tape must not be
-    used for per-example gradients); or norms and pieces ``None``, the reason, and
-    a fresh pass recorded without taps, on which the caller falls back to exact
-    per-example gradients. ``check=False`` skips the coverage check (benchmarks
-    measure what it costs).
+    On success: the pieces and whether they cover every use of every variable (on a
+    pass whose tapped layers read their weights as constants: its tape must not be used
+    for per-example gradients). Otherwise pieces ``None``, the reason, and a fresh pass
+    recorded without taps on which the caller falls back. ``check=False`` skips the
+    coverage check (benchmarks measure what it costs).
     """
     reason = layerwise_unsupported(model, variables)
     if reason is not None:
-        return LayerwiseNorms(record_forward(forward_fn, persistent=True), None, None, reason, tf.constant(False))
+        return LayerwisePieces(record_forward(forward_fn, persistent=True), None, reason, tf.constant(False))
     with tf.GradientTape(persistent=True) as tape:
         taps = LayerTaps(model, variables, tape)
         with taps:
@@ -295,12 +306,76 @@ def layerwise_norms(
     recorded = RecordedForward(tape=tape, forward=forward)
     pieces, covered = taps.variable_gradients(recorded, step_randomness(rng) if check else None)
     if pieces is None:  # this pass's tape lacks the tapped uses: record another
-        return LayerwiseNorms(record_forward(forward_fn, persistent=True), None, None, taps.failure, tf.constant(False))
-    losses = recorded.forward.per_example_losses
+        return LayerwisePieces(record_forward(forward_fn, persistent=True), None, taps.failure, tf.constant(False))
+    return LayerwisePieces(recorded, pieces, None, covered)
+
+
+def layerwise_norms(
+    forward_fn: ForwardFn, variables: Sequence[Any], model: Any, rng: Any = None, *,
+    check: bool = True,
+) -> LayerwiseNorms:
+    """Record one forward pass and compute the exact ||g_i|| layer by layer.
+
+    Returns a :class:`LayerwiseNorms`: the exact per-example gradient norms of shape
+    ``[b]`` with the pieces and coverage of :func:`layerwise_pieces`, or norms and
+    pieces ``None``, the reason, and a fresh pass recorded without taps, on which the
+    caller falls back to exact per-example gradients.
+    """
+    found = layerwise_pieces(forward_fn, variables, model, rng, check=check)
+    if found.pieces is None:
+        return LayerwiseNorms(found.recorded, None, None, found.reason, found.covered)
+    losses = found.recorded.forward.per_example_losses
     squared = tf.zeros_like(losses)
-    for vg in pieces:
+    for vg in found.pieces:
         squared = squared + tf.cast(vg.squared_norms(), losses.dtype)
-    return LayerwiseNorms(recorded, tf.sqrt(squared), pieces, None, covered)
+    return LayerwiseNorms(found.recorded, tf.sqrt(squared), found.pieces, None, found.covered)
+
+
+def layerwise_projections(
+    pieces: Sequence[VariableGradient], variables: Sequence[Any], directions: Sequence[tf.Tensor],
+    losses: tf.Tensor,
+) -> tf.Tensor:
+    """P_ij = <G_i, v_j> from the pieces, shape [b, r] (seed, Algorithm 1, line 7).
+
+    ``directions`` holds one ``[r, *variable.shape]`` tensor per variable; a variable
+    no tap saw used has G_i = 0 and adds nothing. Each piece's projection pairs the
+    tangent of its pre-activation with its adjoint (:mod:`fdp_tf.layerwise.pieces`).
+    """
+    by_variable = {id(vg.variable): vg for vg in pieces}
+    r = int(directions[0].shape[0])
+    total = tf.zeros(tf.stack([tf.shape(losses)[0], r]), losses.dtype)
+    for v, d in zip(variables, directions):
+        vg = by_variable.get(id(v))
+        if vg is not None:
+            total = total + tf.cast(vg.projections(d), losses.dtype)
+    return total
+
+
+def drawn_layerwise_projections(
+    pieces: Sequence[VariableGradient], variables: Sequence[Any], r: int,
+    normal: Callable[[Any, Any], tf.Tensor], losses: tf.Tensor, *, rows_only: bool,
+) -> tf.Tensor:
+    """P_ij = <G_i, v_j> for directions v_j ~ N(0, I_d) drawn here, shape [b, r].
+
+    ``normal(shape, dtype)`` draws standard normals. With ``rows_only``, an embedding
+    table's directions are drawn on the rows the batch uses only (exactly as
+    distributed: see :meth:`fdp_tf.layerwise.pieces.EmbeddingPiece.drawn_projections`;
+    an 8,185 x 64 table is most of the IMDb model's draws). Not under ``tf.distribute``
+    with several replicas, where every replica must project a row on the same numbers.
+    A variable no tap saw used has G_i = 0 and draws nothing.
+    """
+    by_variable = {id(vg.variable): vg for vg in pieces}
+    total = tf.zeros(tf.stack([tf.shape(losses)[0], r]), losses.dtype)
+    for v in variables:
+        vg = by_variable.get(id(v))
+        if vg is None:
+            continue
+        if rows_only and vg.assemble is None and isinstance(vg.pieces[0], EmbeddingPiece):
+            projected = vg.pieces[0].drawn_projections(r, lambda shape, v=v: normal(shape, v.dtype))
+        else:
+            projected = vg.projections(normal((r, *tuple(v.shape)), v.dtype))
+        total = total + tf.cast(projected, losses.dtype)
+    return total
 
 
 def reconstructed_sum(

@@ -237,16 +237,19 @@ def _dilated_conv_model() -> keras.Model:
 
 @pytest.mark.parametrize(("optimizer", "path"), [
     ("vanilla", "fit"), ("vectorized", "fit_jit"), ("jl", "fit_jit"), ("vanilla", "train_on_batch"),
-    ("jl", "private_gradients"),
+    ("jl", "private_gradients"), ("vanilla", "fit_jit"), ("jl_forward", "fit_jit"), ("jl_loop", "fit_jit"),
 ])
 def test_an_empty_batch_releases_the_noise_alone_on_every_path(optimizer: str, path: str) -> None:
     """Poisson sampling draws empty batches: the step must release N(0, (sigma C / B)^2)
     and nothing else, on a model whose forward pass crashes on zero rows (found by
     tools/privacy_fuzz.py, seed 3627592303: it crashed fit, train_on_batch and custom loops;
-    under jit_compile, the non-finite check's map_fn and scatter did not compile on zero rows)."""
+    under jit_compile, the non-finite check's map_fn and scatter did not compile on zero rows,
+    nor the per-example loop behind the layer taps)."""
     kind = {"vanilla": fdp_tf.DPSGDVanilla,
             "vectorized": functools.partial(fdp_tf.DPSGDVanilla, per_example_method="vectorized"),
-            "jl": functools.partial(fdp_tf.DPSGDJL, jl_projections=2)}[optimizer]
+            "jl": functools.partial(fdp_tf.DPSGDJL, jl_projections=2),
+            "jl_forward": functools.partial(fdp_tf.DPSGDJL, jl_projections=2, jvp_method="forward"),
+            "jl_loop": functools.partial(fdp_tf.DPSGDJL, jl_projections=2, jvp_method="loop")}[optimizer]
     # XLA itself cannot differentiate the dilated Conv2D on zero rows: the vectorized case
     # under jit_compile runs a dense model (its non-finite check once failed to compile)
     base = dense_model(inputs=64) if optimizer == "vectorized" else _dilated_conv_model()
