@@ -33,7 +33,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, learning_rate: floa
     parser.add_argument("--jl-projections", type=int, default=30,
                         help="r (JL optimizers); the seed uses r = 30 at sigma = 0.6 for epsilon ~ 13 "
                              "on IMDb, while r = 1 gives epsilon ~ 1e11")
-    parser.add_argument("--jvp-method", default="auto", choices=("auto", "forward", "double_vjp"))
+    parser.add_argument("--jvp-method", default="auto",
+                        choices=("auto", "layerwise", "forward", "double_vjp", "loop"),
+                        help="how the JL projections are computed (docs/training.md)")
     parser.add_argument("--noise-multiplier", type=float, default=noise_multiplier)
     parser.add_argument("--l2-norm-clip", type=float, default=1.0)
     parser.add_argument("--learning-rate", type=float, default=learning_rate)

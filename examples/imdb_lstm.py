@@ -15,8 +15,9 @@ y_test of word-index lists, as ``keras.datasets.imdb`` stores them)::
         --batch-size 256 --noise-multiplier 0.6 --learning-rate 1e-3 --jl-projections 5
 
 Word indices >= 8185 become the out-of-vocabulary token, as the paper's 8k vocabulary.
-The LSTM runs a ``tf.while_loop``, so DP-Adam-JL uses the double-vjp path; pass
-``--unroll`` to unroll it (forward mode: cheaper steps, much longer tracing).
+DP-Adam-JL reads the projections from the layer taps (``jvp_method="layerwise"``): one
+forward and one backward pass through the LSTM loops for any r. ``--unroll`` unrolls the
+LSTM instead (much longer tracing).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser, learning_rate=1e-2, noise_multiplier=0.6, batch_size=64,
                          epochs=3, num_examples=1024)
-    parser.add_argument("--unroll", action="store_true", help="unroll the LSTM (forward-mode JVP)")
+    parser.add_argument("--unroll", action="store_true", help="unroll the LSTM (Keras's unroll=True)")
     args = parser.parse_args()
     check_data_arguments(parser, args)
     data = synthetic_imdb(args.num_examples, args.seed) if args.synthetic else load_imdb(args.data)

@@ -176,21 +176,6 @@ class EmbeddingPiece:
             self.rows,
         )
 
-    def drawn_projections(self, r: int, normal: Callable[[Any], tf.Tensor]) -> tf.Tensor:
-        """<G_i, V_j> for V_j ~ N(0, I) drawn on the rows the batch uses only, [b, r].
-
-        G_i is zero outside the rows of example i, so only those rows of V_j enter: a
-        draw u ~ N(0, I) of shape [r, rows used, d], given to the rows in any order,
-        makes the projections exactly as distributed as with the whole table drawn.
-        ``normal(shape)`` draws standard normals."""
-        ids = tf.reshape(tf.cast(self.ids, tf.int64), (-1,))
-        used, slot = tf.unique(ids)
-        u = tf.cast(normal(tf.stack([r, tf.size(used), tf.shape(self.g)[-1]])), self.g.dtype)
-        flat_g = tf.reshape(self.g, (-1, tf.shape(self.g)[-1]))
-        per_position = tf.reduce_sum(tf.gather(u, slot, axis=1) * flat_g[None], axis=-1)  # [r, b n]
-        per_example = tf.reshape(per_position, tf.stack([r, tf.shape(self.g)[0], -1]))
-        return tf.transpose(tf.reduce_sum(per_example, axis=2))
-
     def projections(self, directions: tf.Tensor) -> tf.Tensor:
         """<G_i, V_j> = sum_n V_j[id_in] . g_in for directions [r, rows, d]; shape [b, r]."""
         v = tf.cast(directions, self.g.dtype)

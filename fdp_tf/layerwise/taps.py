@@ -49,7 +49,6 @@ __all__ = [
     "layerwise_norms",
     "layerwise_pieces",
     "layerwise_projections",
-    "drawn_layerwise_projections",
     "reconstructed_sum",
 ]
 
@@ -348,33 +347,6 @@ def layerwise_projections(
         vg = by_variable.get(id(v))
         if vg is not None:
             total = total + tf.cast(vg.projections(d), losses.dtype)
-    return total
-
-
-def drawn_layerwise_projections(
-    pieces: Sequence[VariableGradient], variables: Sequence[Any], r: int,
-    normal: Callable[[Any, Any], tf.Tensor], losses: tf.Tensor, *, rows_only: bool,
-) -> tf.Tensor:
-    """P_ij = <G_i, v_j> for directions v_j ~ N(0, I_d) drawn here, shape [b, r].
-
-    ``normal(shape, dtype)`` draws standard normals. With ``rows_only``, an embedding
-    table's directions are drawn on the rows the batch uses only (exactly as
-    distributed: see :meth:`fdp_tf.layerwise.pieces.EmbeddingPiece.drawn_projections`;
-    an 8,185 x 64 table is most of the IMDb model's draws). Not under ``tf.distribute``
-    with several replicas, where every replica must project a row on the same numbers.
-    A variable no tap saw used has G_i = 0 and draws nothing.
-    """
-    by_variable = {id(vg.variable): vg for vg in pieces}
-    total = tf.zeros(tf.stack([tf.shape(losses)[0], r]), losses.dtype)
-    for v in variables:
-        vg = by_variable.get(id(v))
-        if vg is None:
-            continue
-        if rows_only and vg.assemble is None and isinstance(vg.pieces[0], EmbeddingPiece):
-            projected = vg.pieces[0].drawn_projections(r, lambda shape, v=v: normal(shape, v.dtype))
-        else:
-            projected = vg.projections(normal((r, *tuple(v.shape)), v.dtype))
-        total = total + tf.cast(projected, losses.dtype)
     return total
 
 

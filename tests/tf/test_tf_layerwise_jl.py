@@ -24,7 +24,6 @@ import tensorflow as tf
 import fdp_tf
 from fdp_tf.forward import record_forward
 from fdp_tf.layerwise import (
-    drawn_layerwise_projections,
     layerwise_pieces,
     layerwise_projections,
     layerwise_unsupported,
@@ -161,38 +160,6 @@ def test_private_step_is_its_definition() -> None:
     per_example = np.concatenate([g.numpy().reshape(len(x), -1) for g in grads], axis=1)
     np.testing.assert_allclose(flat(result.gradients), factors @ per_example / batch, rtol=1e-4, atol=1e-7)
     assert int(result.fallbacks) == 0
-
-
-@pytest.mark.parametrize("rows_only", [False, True])
-def test_drawn_directions_project_as_whole_table_directions(rows_only: bool) -> None:
-    """The step draws an embedding table's directions on the rows the batch uses only: put
-    back into a whole table (rows in order of first use, zeros elsewhere), those draws
-    give the same projections as the reference does."""
-    model = MODELS["bilstm_stacked"]()
-    x, y = _data(8)
-    model(x)
-    variables = model.trainable_variables
-    fwd = forward_fn(model, x, y, training=False)
-    found = layerwise_pieces(fwd, variables, model)
-    drawn: list[tf.Tensor] = []
-
-    def normal(shape, dtype):
-        drawn.append(tf.random.normal(shape, dtype=dtype))
-        return drawn[-1]
-
-    got = drawn_layerwise_projections(found.pieces, variables, 4, normal,
-                                      found.recorded.forward.per_example_losses, rows_only=rows_only).numpy()
-    directions = [d.numpy() for d in drawn]
-    table = variables[0].numpy()
-    if rows_only:
-        used = list(dict.fromkeys(x.ravel().tolist()))  # tf.unique's order: first use
-        assert directions[0].shape == (4, len(used), table.shape[1])
-        whole = np.zeros((4, *table.shape), "float32")
-        whole[:, used] = directions[0]
-        directions[0] = whole
-    assert [d.shape[1:] for d in directions] == [tuple(v.shape) for v in variables]
-    np.testing.assert_allclose(got, _reference_projections(model, x, y, [tf.constant(d) for d in directions]),
-                               rtol=1e-5, atol=1e-5 * np.abs(got).max())
 
 
 def test_a_weight_that_escapes_the_taps_falls_back_to_the_double_vjp() -> None:

@@ -85,8 +85,13 @@ def test_auto_strategy_per_model() -> None:
     vanilla = fdp_tf.DPAdamVanilla(**DP)
     assert jl1.resolve_jvp_method(dense_model()) == "auto"  # forward mode, double vjp at a loop
     assert jl1.resolve_jvp_method(gru_model(unroll=True)) == "auto"
-    assert jl1.resolve_jvp_method(bilstm_model()) == "double_vjp"
-    assert jl5.resolve_jvp_method(dense_model()) == "double_vjp"
+    assert jl1.resolve_jvp_method(bilstm_model()) == "layerwise"  # the taps, through the loops
+    assert jl5.resolve_jvp_method(dense_model()) == "layerwise"
+    assert jl5.resolve_jvp_method(bilstm_model()) == "layerwise"
+    normed = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), keras.layers.LayerNormalization(),
+                               keras.layers.Dense(2)])
+    assert jl1.resolve_jvp_method(normed) == "auto"
+    assert jl5.resolve_jvp_method(normed) == "double_vjp"  # no taps for LayerNormalization
     assert vanilla.resolve_per_example_method(dense_model()) == "layerwise"
     assert vanilla.resolve_per_example_method(bilstm_model()) == "layerwise"
     normed = keras.Sequential(
