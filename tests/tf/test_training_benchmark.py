@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/training.py: the --quick setting runs and prints its table."""
+"""Smoke tests of benchmarks/training.py and benchmarks/step_profile.py: --quick runs and prints."""
 
 from __future__ import annotations
 
@@ -96,3 +96,11 @@ def test_check_cost_parts_switch_one_check_off_and_restore_it() -> None:
                 raise RuntimeError
         assert getattr(module, name) is original, part
         assert others == [getattr(m, n) for p, (m, n, _) in patches.items() if p != part]
+
+
+def test_quick_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/step_profile.py --quick times every piece of the private step."""
+    _script("step_profile").main(["--quick"])
+    stdout = capsys.readouterr().out
+    for piece in _script("step_profile").PIECES:
+        assert f"| {piece} |" in stdout

@@ -1,0 +1,149 @@
+"""Where a private step of the IMDb BiLSTM spends its time and memory, piece by piece.
+
+Each piece is one ``tf.function`` over the same batch, outside ``fit`` (no run-time
+checks, no optimizer): non-DP forward + backward, the layer taps' forward + backward to
+the pre-activations, plus the per-example LSTM kernel gradients, the whole JL(1) step
+(noise off and on), the JL(10) step and the exact step. Times are medians of interleaved
+rounds in one process; memory is the peak RSS above the traced state over three calls,
+each piece in its own process. ``--quick`` is a smoke test (4 tokens, batch 4).
+
+    python benchmarks/step_profile.py [--batch-size 64] [--rounds 15] [--memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+PIECES = ("non-DP", "taps forward+backward", "+ per-example G_i", "JL(1), no noise", "JL(1)", "JL(10)",
+          "exact")
+
+
+def _pieces(batch: int, length: int) -> dict:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from fdp_tf.forward import ForwardPass, RecordedForward
+    from fdp_tf.jl import layerwise_jl_gradient
+    from fdp_tf.layerwise import LayerTaps
+    from fdp_tf.per_example import vanilla_private_gradient
+    from imdb_lstm import VOCAB, build_model
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(1, VOCAB, size=(batch, length))
+    y = rng.integers(0, 2, size=batch)
+    model = build_model(length=length)
+    model(x[:1])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    variables = model.trainable_variables
+
+    def forward() -> ForwardPass:
+        return ForwardPass(loss_fn(y, model(x, training=True)))
+
+    def non_dp():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(forward().per_example_losses)
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+
+    def taps(per_example: bool):
+        def run():
+            with tf.GradientTape(persistent=True) as tape:
+                tapped = LayerTaps(model, variables, tape)
+                with tapped:
+                    result = forward()
+            losses = result.per_example_losses
+            if not per_example:
+                return tape.gradient(losses, [t.target for t in tapped.taps], output_gradients=tf.ones_like(losses))
+            pieces, _ = tapped.variable_gradients(RecordedForward(tape, result), None)
+            return [p._per_example if getattr(p, "_explicit_form", False) else getattr(p, "g", p)
+                    for vg in pieces for p in vg.pieces]
+        return run
+
+    def jl(r: int, sigma: float):
+        return lambda: layerwise_jl_gradient(forward, variables, model, l2_norm_clip=1.0, noise_multiplier=sigma,
+                                             jl_projections=r, expected_batch_size=batch).gradients
+
+    def exact():
+        return vanilla_private_gradient(forward, variables, l2_norm_clip=1.0, noise_multiplier=1.0,
+                                        expected_batch_size=batch, per_example_method="layerwise",
+                                        model=model).gradients
+
+    functions = [non_dp, taps(False), taps(True), jl(1, 0.0), jl(1, 1.0), jl(10, 1.0), exact]
+    return {name: tf.function(f) for name, f in zip(PIECES, functions)}
+
+
+def _finish(out) -> None:
+    import tensorflow as tf
+
+    for t in tf.nest.flatten(out):
+        if hasattr(t, "numpy"):
+            t.numpy()
+
+
+def times(batch: int, length: int, rounds: int) -> dict[str, float]:
+    import numpy as np
+
+    functions = _pieces(batch, length)
+    for f in functions.values():
+        _finish(f())
+    seconds: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, f in functions.items():
+            start = time.perf_counter()
+            _finish(f())
+            seconds[name].append(time.perf_counter() - start)
+    return {name: float(np.median(s)) for name, s in seconds.items()}
+
+
+def memory_child(piece: str, batch: int, length: int) -> float:
+    f = _pieces(batch, length)[piece]
+    f.get_concrete_function()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(3):
+        _finish(f())
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--length", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--memory", action="store_true", help="also the peak memory, one process per piece")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 4 tokens, batch 4, 2 rounds")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(memory_child(args.child, args.batch_size, args.length)))
+        return
+    if args.quick:
+        args.batch_size, args.length, args.rounds = 4, 4, 2
+    result = times(args.batch_size, args.length, args.rounds)
+    memory: dict[str, float] = {}
+    if args.memory:
+        for piece in PIECES:
+            out = subprocess.run([sys.executable, __file__, "--child", piece, "--batch-size", str(args.batch_size),
+                                  "--length", str(args.length)], capture_output=True, text=True, check=True,
+                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+            memory[piece] = json.loads(out.stdout.strip().splitlines()[-1])
+    base = result["non-DP"]
+    print(f"IMDb BiLSTM, batch {args.batch_size}, {args.length} tokens, median of {args.rounds} rounds")
+    print("| piece | ms | × non-DP |" + (" peak MiB above the traced state |" if memory else ""))
+    print("|---|---|---|" + ("---|" if memory else ""))
+    for name, seconds in result.items():
+        extra = f" {memory[name]:.0f} |" if memory else ""
+        print(f"| {name} | {1000 * seconds:.1f} | {seconds / base:.2f}× |{extra}")
+
+
+if __name__ == "__main__":
+    main()
