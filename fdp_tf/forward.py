@@ -23,7 +23,6 @@ __all__ = [
     "check_forward",
     "raw_variables",
     "record_forward",
-    "out_of_line",
     "stand_in_row",
     "trim_to_rows",
 ]
@@ -82,20 +81,6 @@ class PrivateGradient:
 
 
 ForwardFn = Callable[[], ForwardPass]
-
-
-def out_of_line(fn: Callable[[], Any]) -> Any:
-    """``fn()``, traced as a graph function of its own that TensorFlow does not inline.
-
-    For the rarely taken branch of a ``tf.cond`` that re-runs the model (the per-example
-    fallback of the layer taps): inlined, that branch made TensorFlow keep the main pass's
-    tensors alive, and a step of the IMDb BiLSTM used 7.5 MiB per example instead of 2.0
-    (peak RSS at B = 256: 2,019 MiB against 751 MiB, the branch never taken). Eagerly it
-    is a plain call.
-    """
-    if tf.executing_eagerly():
-        return fn()
-    return tf.function(fn, experimental_attributes={"_noinline": True})()
 
 
 def raw_variables(variables: Sequence[Any]) -> list[tf.Variable]:

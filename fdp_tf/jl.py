@@ -39,7 +39,6 @@ from fdp_tf.forward import (
     PrivateGradient,
     RecordedForward,
     check_forward,
-    out_of_line,
     raw_variables,
     record_forward,
 )
@@ -348,8 +347,8 @@ def layerwise_jl_gradient(
 
     def fresh() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
         # the tapped pass read its weights as constants: per-example gradients need another
-        return out_of_line(lambda: loop_jl_clipped(
-            record_forward(forward_fn, persistent=True), variables, directions, l2_norm_clip, batch))
+        return loop_jl_clipped(record_forward(forward_fn, persistent=True), variables, directions,
+                               l2_norm_clip, batch)
 
     if tf.executing_eagerly():
         clipped, norms, factors = taps() if bool(covered) else fresh()

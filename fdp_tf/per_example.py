@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from fdp_tf.clipping import check_batch_size, clip_factors, plus_regularization, release
 from fdp_tf.config import PER_EXAMPLE_METHODS
-from fdp_tf.forward import ZERO, ForwardFn, PrivateGradient, RecordedForward, out_of_line, record_forward
+from fdp_tf.forward import ZERO, ForwardFn, PrivateGradient, RecordedForward, record_forward
 from fdp_tf.introspection import looped_rnn_layers
 from fdp_tf.layerwise import layerwise_norms, reconstructed_sum
 from fdp_tf.randomness import step_randomness
@@ -201,8 +201,8 @@ def _layerwise_release(
         return list(mine), norms, factors
 
     def loop() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
-        return out_of_line(lambda: _clipped_from_per_example(
-            record_forward(forward_fn, persistent=True), variables, False, l2_norm_clip, batch))
+        fresh = record_forward(forward_fn, persistent=True)
+        return _clipped_from_per_example(fresh, variables, False, l2_norm_clip, batch)
 
     if tf.executing_eagerly():
         return taps() if bool(covered) else loop()
