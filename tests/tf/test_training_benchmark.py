@@ -1,4 +1,4 @@
-"""Smoke tests of benchmarks/training.py and benchmarks/step_profile.py: --quick runs and prints."""
+"""Smoke tests of the training benchmarks (training.py, step_profile.py, seed_accuracy.py): --quick runs and prints."""
 
 from __future__ import annotations
 
@@ -104,3 +104,16 @@ def test_quick_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
     stdout = capsys.readouterr().out
     for piece in _script("step_profile").PIECES:
         assert f"| {piece} |" in stdout
+
+
+@pytest.mark.slow  # ~1 minute: four models trained for one epoch
+def test_quick_seed_accuracy(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/seed_accuracy.py --quick trains every method and prints accuracy and epsilon."""
+    module = _script("seed_accuracy")
+    module.main(["--quick"])
+    stdout = capsys.readouterr().out
+    for method in module.METHODS:
+        row = next(line for line in stdout.splitlines() if line.startswith(f"| {method} |"))
+        accuracy, epsilon = row.split("|")[2], row.split("|")[3]
+        assert 0.0 <= float(accuracy.split()[0]) <= 1.0
+        assert (epsilon.strip() == "inf") == (method == "non-DP SGD")
