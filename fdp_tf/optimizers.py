@@ -447,8 +447,8 @@ class DPSGDJL(_JLMixin, keras.optimizers.SGD):
                              jl_projections=5, learning_rate=0.1)
 
     Keyword arguments: those of :class:`DPOptimizer`, ``jl_projections`` (r >= 1),
-    ``jvp_method`` (``"auto"``, ``"forward"``, ``"double_vjp"``) and those of
-    ``keras.optimizers.SGD`` (``learning_rate``, ``momentum``, ``nesterov``, ...).
+    ``jvp_method`` (``"auto"``, ``"layerwise"``, ``"forward"``, ``"double_vjp"``,
+    ``"loop"``) and those of ``keras.optimizers.SGD`` (``learning_rate``, ``momentum``, ``nesterov``, ...).
     """
 
 
