@@ -43,7 +43,9 @@ class DPConfig:
 
     Args:
       l2_norm_clip: C > 0.
-      noise_multiplier: sigma >= 0 (0 gives no privacy; useful for tests).
+      noise_multiplier: sigma >= 0 (0 gives no privacy; useful for tests), or ``None``
+        until :func:`fdp_tf.make_private` calibrates it to a privacy budget
+        (``target_epsilon=``); no step runs while it is ``None``.
       jl_projections: r >= 1 for DP-SGD-JL / DP-Adam-JL; ``None`` for exact
         per-example clipping (DP-SGD of Abadi et al., the seed's Algorithm 4).
       jvp_method: how the JL projections P_ij = <grad l_i, v_j> are computed:
@@ -64,16 +66,17 @@ class DPConfig:
     """
 
     l2_norm_clip: float
-    noise_multiplier: float
+    noise_multiplier: float | None
     jl_projections: int | None = None
     jvp_method: JvpMethod = "auto"
     per_example_method: PerExampleMethod = "auto"
 
     def __post_init__(self) -> None:
         clip = check_real("l2_norm_clip", self.l2_norm_clip, low=0.0, low_inclusive=False)
-        sigma = check_real("noise_multiplier", self.noise_multiplier, low=0.0)
         object.__setattr__(self, "l2_norm_clip", clip)
-        object.__setattr__(self, "noise_multiplier", sigma)
+        if self.noise_multiplier is not None:
+            sigma = check_real("noise_multiplier", self.noise_multiplier, low=0.0)
+            object.__setattr__(self, "noise_multiplier", sigma)
         if self.jl_projections is not None:
             r = check_integer("jl_projections", self.jl_projections, low=1)
             object.__setattr__(self, "jl_projections", r)

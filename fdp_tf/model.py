@@ -38,7 +38,7 @@ from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, empty_table
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
 from fdp_tf.model_fit import LedgerFit
 from fdp_tf.odometer import Odometer, armed_step, booked_as_fit
-from fdp_tf.optimizers import DPOptimizer
+from fdp_tf.optimizers import DPOptimizer, check_noise_multiplier
 from fdp_tf.probes import one_loss_per_row
 from fdp_tf.verify import guarded_train_function
 
@@ -87,6 +87,7 @@ class PrivateModel(LedgerFit, keras.Model):
             aggregation="only_first_replica",
         )
         self._odometer = Odometer()  # not a weight: no restore writes it
+        self.budget: Any = None  # an fdp_tf.Budget when make_private chose the noise for one
         self._per_example_loss: PerExampleLoss | None = None
 
     # -- Keras plumbing --------------------------------------------------------
@@ -131,6 +132,7 @@ class PrivateModel(LedgerFit, keras.Model):
         """
         self._per_example_loss = per_example_loss_fn(loss)
         if isinstance(optimizer, DPOptimizer):
+            check_noise_multiplier(optimizer)
             refuse_unsupported_layers(self)
             refuse_multiple_outputs(self.base_model)
             if kwargs.get("jit_compile", "auto") == "auto":
@@ -328,9 +330,18 @@ class PrivateModel(LedgerFit, keras.Model):
         self.loss_tracker.update_state(mean, sample_weight=count)
 
 def make_private(
-    model: keras.Model, *, optimizer: Any = None, loss: Any = None, **compile_kwargs: Any
+    model: keras.Model, *, optimizer: Any = None, loss: Any = None, target_epsilon: float | None = None,
+    delta: float | None = None, epochs: int | None = None, data: Any = None, verbose: bool = True,
+    **compile_kwargs: Any,
 ) -> PrivateModel:
     """Wrap ``model`` in a :class:`PrivateModel`; compile it if an optimizer is given.
+
+    Budget first: give ``target_epsilon``, ``delta``, ``epochs`` and the training
+    ``data`` with a DP optimizer created *without* ``noise_multiplier``, and the
+    smallest noise multiplier whose certified epsilon after ``epochs`` passes over
+    ``data`` is at most ``target_epsilon`` is chosen before the first step
+    (:func:`fdp_tf.noise_multiplier_for`), printed (``verbose``) and kept in
+    ``model.budget``; ``fit`` warns if it is asked to run past the plan.
 
     Args:
       model: any Keras model with trainable variables.
@@ -338,11 +349,43 @@ def make_private(
         non-private comparison run, any Keras optimizer. ``None`` leaves the
         model uncompiled.
       loss: a per-example loss (``reduction=None``).
+      target_epsilon: the privacy budget eps* > 0 (with ``delta``, ``epochs``, ``data``).
+      delta: delta of the budget, in (0, 1); below 1 / N.
+      epochs: the passes ``fit`` will run, >= 1.
+      data: the dataset ``fit`` will train on, from :func:`fdp_tf.poisson_batches`,
+        :func:`fdp_tf.random_allocation_batches` or
+        :func:`fdp_tf.without_replacement_batches` (or its spec): how batches are
+        drawn decides what a step costs.
+      verbose: print the noise multiplier chosen and what it is for.
       **compile_kwargs: passed to ``compile`` (``metrics``, ``jit_compile``, ...).
+
+    Raises:
+      ValueError: a budget with a missing part, with an optimizer that already has a
+        noise multiplier or is not a DP optimizer, or that no noise multiplier meets.
+
+    Example::
+
+        optimizer = fdp_tf.DPAdamJL(l2_norm_clip=1.0, jl_projections=5, learning_rate=1e-3)
+        batches = fdp_tf.poisson_batches(x_train, y_train, expected_batch_size=256)
+        model = fdp_tf.make_private(model, optimizer=optimizer, loss=loss,
+                                    target_epsilon=8.0, delta=1e-5, epochs=15, data=batches)
+        model.fit(batches, epochs=15, callbacks=[fdp_tf.PrivacyCallback(delta=1e-5)])
     """
+    from fdp_tf.budget import calibrate_optimizer
+
+    budget = None
+    if target_epsilon is not None:
+        budget = calibrate_optimizer(optimizer, target_epsilon, delta, epochs, data)
+        if verbose:
+            print(f"fdp_tf.make_private: {budget.describe()}")
+    elif (delta, epochs, data) != (None, None, None):
+        raise ValueError("delta, epochs and data are for a privacy budget: give target_epsilon with them "
+                         "(or leave all four out and set the optimizer's noise_multiplier)")
     private = PrivateModel(model)
+    private.budget = budget
     if optimizer is not None:
         private.compile(optimizer=optimizer, loss=loss, **compile_kwargs)
     elif loss is not None or compile_kwargs:
         raise ValueError("optimizer must be given when loss or compile arguments are")
     return private
+

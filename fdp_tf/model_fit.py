@@ -9,6 +9,7 @@ amplification.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,19 @@ class LedgerFit:
         """Everything trained so far: every step released by the optimizers this model was
         compiled with, in this process, and every record restored into it."""
         return self._odometer.sync(self.dp_ledger)
+
+    def projected_epsilon(self, delta: float, steps: int, accountant: Any = None) -> float:
+        """Certified epsilon of the ledger after ``steps`` more private steps booked as the
+        ones now running (during ``fit``: at its sampling; else at rate 1)."""
+        from fdp_tf.budget import segment_for
+
+        optimizer = getattr(self, "optimizer", None)
+        ledger = self.ledger
+        if not isinstance(optimizer, DPOptimizer) or steps <= 0:
+            return ledger.epsilon(delta, accountant)
+        spec = (getattr(self, "_fdp_fit_sampling", None) or (None,))[0]
+        more = segment_for(optimizer, spec, int(steps))
+        return PrivacyLedger(tuple(ledger.segments) + (more,)).epsilon(delta, accountant)
 
     def epsilon(self, delta: float, accountant: Any = None) -> float:
         """Certified upper bound on epsilon at ``delta`` of all training in the ledger
@@ -144,6 +158,8 @@ class LedgerFit:
         if watch is not None:
             callbacks.append(ReportFallbacks(self.fallback_tracker))
         self._fdp_fit_sampling = (plan.sampling,) if booking is not None else None
+        if booking is not None and plan.sampling is not None:
+            self._warn_past_budget(x, plan.sampling, kwargs)
         try:
             return super().fit(x, y, batch_size, callbacks=callbacks, **kwargs)
         finally:
@@ -151,6 +167,25 @@ class LedgerFit:
             if booking is not None:
                 booking.open(None)  # fit's sampling ends with it
             self._odometer.sync(self.dp_ledger)
+
+    def _warn_past_budget(self, x: Any, spec: Any, kwargs: dict[str, Any]) -> None:
+        """Warn once per fit if the epochs asked for end above the budget of make_private."""
+        budget = getattr(self, "budget", None)
+        if budget is None:
+            return
+        from fdp_tf.budget import spec_of
+        from fdp_tf.sampling import sampling_of
+
+        epochs = int(kwargs.get("epochs", 1)) - int(kwargs.get("initial_epoch", 0))
+        per_pass = kwargs.get("steps_per_epoch") or spec_of(x if sampling_of(x) is not None else spec)[1]
+        planned = self.projected_epsilon(budget.delta, epochs * int(per_pass))
+        if planned > budget.target_epsilon:
+            warnings.warn(
+                f"this fit ({epochs} epochs of {per_pass} steps) will end at epsilon <= {planned:.4g} at "
+                f"delta={budget.delta:g}, above the budget {budget.target_epsilon:g} the noise multiplier was "
+                f"chosen for ({budget.epochs} epochs in all). Fit fewer epochs, or stop at the budget: "
+                f"callbacks=[fdp_tf.PrivacyCallback(delta={budget.delta:g}, stop_at_epsilon={budget.target_epsilon:g})]",
+                UserWarning, stacklevel=3)
 
     def open_segment(self, sampling: Any) -> None:
         """Book the next private steps at ``sampling`` (a custom loop or ``train_on_batch``

@@ -25,6 +25,7 @@ traced step would stay in memory for the rest of the process).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from typing import Any, Callable, Sequence
@@ -50,6 +51,7 @@ from fdp_tf.randomness import (StepRandomness, _Holder, num_replicas, os_entropy
 from fdp_tf.verify import verified_private_gradient
 
 __all__ = [
+    "check_noise_multiplier",
     "DPOptimizer",
     "DPSGDJL",
     "DPAdamJL",
@@ -67,7 +69,8 @@ class DPOptimizer:
     Args (keyword-only, besides the Keras optimizer's own):
       l2_norm_clip: C > 0, per-example clipping norm.
       noise_multiplier: sigma >= 0; the noise on the average gradient has std
-        sigma * C / B.
+        sigma * C / B. Leave it out (``None``) to have :func:`fdp_tf.make_private`
+        choose it for a privacy budget (``target_epsilon=``); no step runs without it.
       expected_batch_size: B, the *expected* batch size p*N of the Poisson sampling
         (global, over all replicas). ``None`` until known: ``PrivateModel.fit`` fills
         it in from the data; a step with B unknown is refused (dividing by the
@@ -90,7 +93,7 @@ class DPOptimizer:
         self,
         *,
         l2_norm_clip: float,
-        noise_multiplier: float,
+        noise_multiplier: float | None = None,
         jl_projections: int | None = None,
         expected_batch_size: int | None = None,
         seed: int | None = None,
@@ -129,8 +132,26 @@ class DPOptimizer:
         return self.dp_config.l2_norm_clip
 
     @property
-    def noise_multiplier(self) -> float:
+    def noise_multiplier(self) -> float | None:
+        """sigma; ``None`` until :func:`fdp_tf.make_private` calibrates it to a budget."""
         return self.dp_config.noise_multiplier
+
+    def calibrated(self, noise_multiplier: float) -> None:
+        """Set the noise multiplier left out at construction (what
+        :func:`fdp_tf.make_private` does with ``target_epsilon=``).
+
+        Raises:
+          ValueError: if it is already set or a step has run: a step traced with one
+            noise multiplier keeps it, and its steps would be booked at the other.
+        """
+        if self.noise_multiplier is not None or self._dp_booking.released:
+            raise ValueError(
+                f"noise_multiplier of {type(self).__name__} is already {self.noise_multiplier} or steps ran: "
+                "only an optimizer created without noise_multiplier, before its first step, can have it "
+                "calibrated. Create a new optimizer without noise_multiplier"
+            )
+        self.dp_config = dataclasses.replace(self.dp_config, noise_multiplier=noise_multiplier)
+        self._dp_booking = Booking(self)  # its segments carry the new sigma
 
     @property
     def expected_batch_size(self) -> int | None:
@@ -229,6 +250,7 @@ class DPOptimizer:
                 "(the model has no trainable variables)"
             )
         check_batch_size(self.expected_batch_size)
+        check_noise_multiplier(self)
         result = verified_private_gradient(self, forward_fn, variables, model, forward_on_rows, forward_on_indices)
         # the noised gradient leaves here: booked, however it is applied (before arming
         # apply: under MirroredStrategy the booking's merge_call lets the other replicas run)
@@ -478,3 +500,13 @@ class DPAdamVanilla(_VanillaMixin, keras.optimizers.Adam):
     Keyword arguments: those of :class:`DPOptimizer`, ``per_example_method`` and
     those of ``keras.optimizers.Adam``.
     """
+
+
+def check_noise_multiplier(optimizer: DPOptimizer) -> None:
+    """Refuse an optimizer whose noise multiplier was left out and never calibrated."""
+    if optimizer.noise_multiplier is None:
+        raise ValueError(
+            f"noise_multiplier of {type(optimizer).__name__} is None: give noise_multiplier=sigma, or let "
+            "fdp_tf.make_private(model, optimizer=..., loss=..., target_epsilon=..., delta=..., epochs=..., "
+            "data=...) choose the smallest sigma that keeps the run within that budget"
+        )

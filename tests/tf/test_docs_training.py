@@ -42,9 +42,14 @@ def test_the_training_page_runs_and_its_claims_hold(tmp_path, monkeypatch):
     # "one upper bound per epoch": the ledger's composition, growing
     eps = history.history["epsilon"]
     assert len(eps) == 2 and 0 < eps[0] < eps[1]
+    # "the budget: sigma is chosen": the smallest whose certified epsilon is within it
+    sigma = model.optimizer.noise_multiplier
+    assert sigma == model.budget.noise_multiplier and eps[1] <= 8.0
     steps = fdp.epochs_to_steps(2, batch_size=256, dataset_size=256)
-    jl = fdp.JL(noise_multiplier=0.6, sampling_rate=1.0, jl_projections=5)
+    jl = fdp.JL(noise_multiplier=sigma, sampling_rate=1.0, jl_projections=30)
     assert eps[1] >= fdp.PLDAccountant().compose(jl, steps=steps).get_epsilon_bounds(1e-5)[0]
+    less = fdp.JL(noise_multiplier=sigma * 0.99, sampling_rate=1.0, jl_projections=30)
+    assert fdp.PLDAccountant().compose(less, steps=steps).get_epsilon(1e-5) > 8.0
     # "saves the privacy ledger with the weights"
     restored = keras.models.load_model(tmp_path / "imdb_private.keras")
     assert restored.epsilon(1e-5) == pytest.approx(eps[1], rel=1e-6)
