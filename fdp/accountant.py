@@ -86,7 +86,7 @@ class PLDAccountant:
         is tighter and slower (0: the automatic grid only).
       max_points: largest FFT allowed (bounds memory: 16 bytes per point).
 
-    Example:
+    Examples:
       >>> import fdp
       >>> acc = fdp.PLDAccountant().compose(fdp.Gaussian(noise_multiplier=1.1,
       ...     sampling_rate=256 / 60000), steps=14100)
@@ -172,9 +172,9 @@ class PLDAccountant:
     def get_epsilon_bounds(self, delta: float) -> tuple[float, float]:
         """(lower, upper) bounds on the exact epsilon at ``delta``.
 
-        With two directions, remove is computed on the automatic grid (level 0)
-        and add only screened, pessimistically, on a grid 4x coarser (level -2);
-        add is recomputed at level 0 only if its coarse upper bound is the larger.
+        With two directions, remove is computed on the automatic grid and add only
+        screened, pessimistically, on a grid 4x coarser; add is recomputed on the
+        automatic grid only if its coarse upper bound is the larger.
         While the gap exceeds ``epsilon_rtol * upper``, one side of the leading
         direction is refined (grid halved; :mod:`fdp.pld.refinement`), and each side
         keeps the best value of all its levels: every value computed is a valid bound.
@@ -189,7 +189,8 @@ class PLDAccountant:
         aimed at the eps found (:func:`fdp.pld.compose.compose`), which makes the
         round-off relative to delta: certified down to delta = 1e-290. If the bounds end
         more than 2x apart (a heavy upper tail, as for ``fdp.JL`` with r = 1), the lower
-        bound is recomputed on grids cut at growing caps (:meth:`_capped_lower`).
+        bound is recomputed on grids cut at growing caps (each cut is again a valid
+        lower bound: the mass above the cap is put at the cap, moved down only).
 
         Raises:
           ValueError: delta outside [1e-290, 1).

@@ -53,7 +53,7 @@ def fewest_jl_projections(*, noise_multiplier: float, sampling_rate: float, step
         itself (r -> infinity) misses it ("raise noise_multiplier or target_epsilon"), or no
         r <= :data:`MAX_JL_PROJECTIONS` meets it.
 
-    Example:
+    Examples:
       >>> import fdp
       >>> fdp.fewest_jl_projections(noise_multiplier=1.5, sampling_rate=0.01, steps=1000,
       ...                           target_epsilon=2.0, delta=1e-5)
@@ -99,7 +99,7 @@ def most_steps(mechanism: Any, *, target_epsilon: float, delta: float, unit: int
         target, or more units meet it than the accountant composes (the mechanism leaks
         almost nothing).
 
-    Example:
+    Examples:
       >>> import fdp
       >>> fdp.most_steps(fdp.Gaussian(noise_multiplier=1.1, sampling_rate=256 / 60000),
       ...                target_epsilon=2.0, delta=1e-5, unit=235)   # whole epochs of MNIST

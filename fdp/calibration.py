@@ -141,7 +141,7 @@ def calibrate_noise_multiplier(
         target is unreachable: the certified epsilon at sigma =
         MAX_NOISE_MULTIPLIER still exceeds ``target_epsilon``.
 
-    Example:
+    Examples:
       >>> import fdp
       >>> sigma = fdp.calibrate_noise_multiplier(
       ...     target_epsilon=2.0, delta=1e-5, steps=1000, sampling_rate=0.01)

@@ -124,7 +124,7 @@ def dpsgd(
     Returns:
       The :class:`fdp.PLDAccountant`; e.g. ``.get_epsilon_bounds(delta=1e-5)``.
 
-    Example:
+    Examples:
       >>> import fdp
       >>> acc = fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60)
       >>> lo, hi = acc.get_epsilon_bounds(delta=1e-5)   # ~ (2.384, 2.385), 14,100 steps

@@ -142,7 +142,7 @@ def attack_risk(accountant: Any, fpr: Any = DEFAULT_FPR) -> AttackRisk:
     Raises:
       ValueError: fpr outside [0, 1] or NaN; an accountant with no events.
 
-    Example:
+    Examples:
       >>> import fdp
       >>> acc = fdp.dpsgd(noise_multiplier=1.1, batch_size=256, dataset_size=60000, epochs=60)
       >>> risk = fdp.attack_risk(acc, fpr=[0.01])   # TPR at FPR 1 % is at most ~0.10

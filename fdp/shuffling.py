@@ -96,7 +96,7 @@ def shuffled_lower_bound(noise_multiplier: float, batch_size: int, dataset_size:
     Raises:
       ValueError: an argument out of range (the message names it).
 
-    Example:
+    Examples:
       >>> import fdp
       >>> fdp.shuffled_lower_bound(noise_multiplier=1.0, batch_size=256, dataset_size=60000,
       ...                          epochs=10, delta=1e-5)   # Poisson accounting says 1.10

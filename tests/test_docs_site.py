@@ -30,6 +30,17 @@ def test_site_builds_with_strict_links_and_api_reference(tmp_path):
     for name in ("PLDAccountant", "get_epsilon_bounds", "dpsgd", "attack_risk", "from_dp_event", "JL"):
         assert name in reference, name
     assert "_events" not in reference and "_cache" not in reference  # no private fields
+    # both packages; Sphinx roles became links (or code), examples became code blocks
+    for name in ("fdp_tf.make_private", "fdp_tf.DPAdamJL", "fdp_tf.PrivacyCallback", "fdp_tf.poisson_batches",
+                 "fdp_tf.noise_multiplier_for", "fdp.fewest_jl_projections"):
+        assert f'id="{name}"' in reference, name
+    raw_roles = re.findall(r":(?:class|func|meth|mod|data|attr|exc|obj):", reference)
+    assert not raw_roles, f"{len(raw_roles)} Sphinx roles shown as text"
+    assert "<blockquote>" not in reference  # a >>> example outside an Examples: section
+    assert reference.count('class="gp">&gt;&gt;&gt; ') >= 10  # prompts inside highlighted code
+    assert reference.count('class="autorefs autorefs-internal"') >= 40  # roles that link
+    for internal in ("_capped_lower", "level -2"):
+        assert internal not in reference, internal
     assert (site / "benchmarks" / "index.html").exists() and (site / "readme" / "index.html").exists()
 
 

@@ -111,7 +111,7 @@ class RandomizedResponse(_DiscretePair):
     Raises:
       ValueError: epsilon NaN, infinite or negative; sampling_rate outside (0, 1].
 
-    Example:
+    Examples:
       >>> import fdp
       >>> fdp.PLDAccountant().compose(fdp.RandomizedResponse(epsilon=1.0), 10).get_epsilon(1e-6)
     """
@@ -178,7 +178,7 @@ class FromDistributions(_DiscretePair):
       ValueError: not 1-D, empty, shapes differ, entries negative/NaN/infinite,
         a sum off 1 by more than 1e-9, or sampling_rate outside (0, 1].
 
-    Example:
+    Examples:
       >>> import fdp
       >>> mech = fdp.FromDistributions([0.5, 0.3, 0.2], [0.2, 0.3, 0.5])
       >>> fdp.PLDAccountant().compose(mech, 5).get_epsilon(1e-6)

@@ -216,7 +216,7 @@ class FromDelta(Mechanism):
       ValueError: bad sampling_rate, epsilons or num_points, or
         delta_of_epsilon returns NaN, values outside [0, 1], or increases.
 
-    Example:
+    Examples:
       >>> import fdp, numpy as np
       >>> rr = lambda e: np.maximum(0.0, (np.e - np.exp(e)) / (1 + np.e))  # RR, eps0 = 1
       >>> fdp.PLDAccountant().compose(fdp.FromDelta(rr), 10).get_epsilon_bounds(1e-6)

@@ -53,7 +53,7 @@ class JL(RandomSensitivityBase):
       jl_projections: r >= 1, the number of JL projections.
       sampling_rate: p in (0, 1].
 
-    Example:
+    Examples:
       >>> import fdp
       >>> acc = fdp.PLDAccountant().compose(
       ...     fdp.JL(noise_multiplier=0.6, jl_projections=30, sampling_rate=256 / 25000), steps=98)

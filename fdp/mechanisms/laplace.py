@@ -261,7 +261,7 @@ class Laplace(Mechanism):
     Raises:
       ValueError: scale not a finite number >= 1e-300, or sampling_rate outside (0, 1].
 
-    Example:
+    Examples:
       >>> import fdp
       >>> acc = fdp.PLDAccountant().compose(fdp.Laplace(scale=2.0), steps=1)
       >>> lo, hi = acc.get_delta_bounds(epsilon=0.25)   # exact: 1 - e^{-1/8} = 0.1175

@@ -93,7 +93,7 @@ class RandomAllocation(Mechanism):
         k > 1 with a JL step, or a noise multiplier so small (a JL step: so few projections)
         that the lattice would not fit (the message says what does).
 
-    Example:
+    Examples:
       >>> import fdp
       >>> epoch = fdp.RandomAllocation(fdp.Gaussian(noise_multiplier=1.0), steps_per_epoch=235)
       >>> lower, upper = fdp.PLDAccountant().compose(epoch, steps=10).get_epsilon_bounds(1e-5)

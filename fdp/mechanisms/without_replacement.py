@@ -106,7 +106,7 @@ class SampledWithoutReplacement(Mechanism):
     Raises:
       ValueError: another mechanism, a sampling_rate other than 1, or B outside [1, N].
 
-    Example:
+    Examples:
       >>> import fdp
       >>> step = fdp.SampledWithoutReplacement(fdp.Gaussian(noise_multiplier=0.55), sample_size=256,
       ...                                       dataset_size=60000)
