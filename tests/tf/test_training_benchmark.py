@@ -117,3 +117,29 @@ def test_quick_seed_accuracy(capsys: pytest.CaptureFixture[str]) -> None:
         accuracy, epsilon = row.split("|")[2], row.split("|")[3]
         assert 0.0 <= float(accuracy.split()[0]) <= 1.0
         assert (epsilon.strip() == "inf") == (method == "non-DP SGD")
+
+
+def test_max_batch_search_and_one_measured_run(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/max_batch.py: the doubling-then-bisection search finds the largest batch under
+    the cap (on a fake linear memory model), a run out of memory counts as over, another
+    failure is raised, and one real two-step run measures a growth (in this process)."""
+    module = _script("max_batch")
+    assert module._build("cnn17m").count_params() == 17_149_298
+    assert module._build("cnn").count_params() == 26_010
+
+    def linear(model_name: str, opt_name: str, batch: int, timeout: float) -> dict[str, Any]:
+        if batch > 3000:
+            return {"error": "exit -9: killed", "out_of_memory": True}
+        return {"growth_mib": 0.5 * batch, "seconds": 0.0, "parameters": 1}
+
+    monkeypatch.setattr(module, "_measure", linear)
+    found = module.largest_batch("cnn", "sgd", cap_mib=1000.0, start=64, max_batch=60_000, resolution=0.05,
+                                 timeout=1.0, log=lambda s: None)
+    assert found["largest"] <= 2000 < found["first_over"] <= found["largest"] * 1.05
+    monkeypatch.setattr(module, "_measure", lambda *a: {"error": "exit 1: ValueError: bug", "out_of_memory": False})
+    with pytest.raises(RuntimeError, match="ValueError: bug"):
+        module.largest_batch("cnn", "jl2", cap_mib=1000.0, start=8, max_batch=64, resolution=0.1,
+                             timeout=1.0, log=lambda s: None)
+    row = module.run_one("cnn", "jl2", 8)
+    assert row["growth_mib"] > 0 and row["parameters"] == 26_010
