@@ -20,7 +20,7 @@ Models (random data of MNIST's shape; the step's memory does not depend on value
   17,149,298 parameters (the seed gives the count, 17,146,938, not the layers).
 
     python benchmarks/max_batch.py [--models cnn cnn17m] [--cap-mib 4096]
-        [--optimizers sgd jl10 jl30 exact] [--png max_batch.png] [--quick]
+        [--optimizers sgd jl10 jl30 exact jl10_double_vjp] [--png max_batch.png] [--quick]
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ LABELS = {"sgd": "non-DP SGD", "exact": "exact DP-SGD"}
 
 
 def _label(name: str) -> str:
-    return LABELS.get(name, f"DP-SGD-JL({name[2:]})")
+    if name in LABELS:
+        return LABELS[name]
+    r, _, method = name[2:].partition("_")
+    return f"DP-SGD-JL({r})" + (f", {method}" if method else "")
 
 
 def _build(model_name: str):
@@ -89,8 +92,9 @@ def _optimizer(name: str, batch: int):
         return keras.optimizers.SGD(0.1)
     if name == "exact":
         return fdp_tf.DPSGDVanilla(**dp)
-    if name.startswith("jl"):
-        return fdp_tf.DPSGDJL(jl_projections=int(name[2:]), **dp)
+    if name.startswith("jl"):  # "jl10", or "jl10_double_vjp" for a given jvp_method
+        r, _, method = name[2:].partition("_")
+        return fdp_tf.DPSGDJL(jl_projections=int(r), jvp_method=method or "auto", **dp)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -233,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["cnn", "cnn17m"], choices=["cnn", "cnn17m"])
     parser.add_argument("--optimizers", nargs="+", default=["sgd", "jl10", "jl30", "exact"],
-                        help="sgd (non-DP), exact (DP-SGD, per-example clipping), jlR (DP-SGD-JL, R projections)")
+                        help="sgd (non-DP), exact (DP-SGD, per-example clipping), jlR (DP-SGD-JL, R projections, "
+                             "jvp_method='auto') or jlR_METHOD (that jvp_method, e.g. jl10_double_vjp)")
     parser.add_argument("--cap-mib", type=float, default=4096.0, help="cap on peak RSS growth, MiB (default 4096)")
     parser.add_argument("--start", type=int, default=64, help="first batch tried (default 64)")
     parser.add_argument("--max-batch", type=int, default=MNIST_TRAIN, help="largest batch tried (default 60,000)")
@@ -250,8 +255,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_one(**json.loads(args.child))))
         return
     for name in args.optimizers:
-        if name not in ("sgd", "exact") and not (name.startswith("jl") and name[2:].isdigit()):
-            parser.error(f"--optimizers: {name!r} is not sgd, exact or jlR (R a number of projections)")
+        r, _, method = name[2:].partition("_")
+        if name not in ("sgd", "exact") and not (name.startswith("jl") and r.isdigit() and method in (
+                "", "layerwise", "forward", "double_vjp", "loop")):
+            parser.error(f"--optimizers: {name!r} is not sgd, exact, jlR or jlR_METHOD (R projections, "
+                         "METHOD a jvp_method: layerwise, forward, double_vjp, loop)")
     if args.quick:
         args.models, args.optimizers, args.cap_mib = ["cnn"], ["sgd", "jl2"], 600.0
         args.start, args.max_batch, args.resolution = 8, 64, 1.0
