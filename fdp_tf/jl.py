@@ -43,7 +43,7 @@ from fdp_tf.forward import (
     record_forward,
 )
 from fdp_tf.layerwise import layerwise_pieces, layerwise_projections, reconstructed_sum
-from fdp_tf.per_example import clipped_per_example_sum, per_example_gradients
+from fdp_tf.per_example import streamed_clipped_sum
 from fdp_tf.randomness import DIRECTIONS_STREAM, step_randomness
 
 __all__ = [
@@ -367,17 +367,18 @@ def loop_jl_clipped(
 ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
     """(sum_i c_i g_i / B, M, c) with P_ij = <g_i, v_j> from exact per-example gradients,
     one backward pass per example (``jvp_method="loop"``): slow to run, quick to trace,
-    exact through any model, the reference the other methods are checked against. The
-    regularization is not included. The tape of ``recorded`` must be persistent."""
-    per_example = per_example_gradients(recorded, variables, vectorized=False)
-    projections = tf.add_n([
-        tf.linalg.matmul(tf.reshape(g, (tf.shape(g)[0], -1)),
-                         tf.reshape(tf.cast(d, g.dtype), (tf.shape(d)[0], -1)), transpose_b=True)
-        for g, d in zip(per_example, directions)
-    ])
-    norms = jl_norms(projections)
-    factors = clip_factors(norms, l2_norm_clip, recorded.forward.per_example_losses)
-    return clipped_per_example_sum(per_example, factors, batch), norms, factors
+    exact through any model, the reference the other methods are checked against; the
+    clipped terms are summed as they come (:func:`fdp_tf.per_example.streamed_clipped_sum`),
+    so it holds one gradient, not b. The regularization is not included. The tape of
+    ``recorded`` must be persistent."""
+    flat = [tf.reshape(tf.cast(d, tf.float32), (tf.shape(d)[0], -1)) for d in directions]
+
+    def estimate(gradient: list[tf.Tensor]) -> tf.Tensor:  # M_i from P_ij = <g_i, v_j>
+        projections = tf.add_n([tf.linalg.matvec(d, tf.reshape(tf.cast(g, tf.float32), [-1]))
+                                for g, d in zip(gradient, flat)])
+        return jl_norms(projections[None])[0]
+
+    return streamed_clipped_sum(recorded, variables, estimate, l2_norm_clip, batch)
 
 
 def _num_directions(directions: Sequence[tf.Tensor]) -> int:

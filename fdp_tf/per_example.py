@@ -13,7 +13,7 @@ get c_i = 0 and their rows are excluded from every sum (0 * inf would be NaN).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
@@ -93,11 +93,57 @@ def per_example_norms(per_example: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.sqrt(tf.add_n(squares))
 
 
+def streamed_clipped_sum(
+    recorded: RecordedForward, variables: Sequence[Any], norm_of: Callable[[list[tf.Tensor]], tf.Tensor],
+    l2_norm_clip: float, batch: int,
+) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+    """(sum_i c_i g_i / B per variable, M, c) with one backward pass per example, the
+    clipped terms summed as they come: memory of one gradient, not of b.
+
+    g_i = grad of sum_k e_ik l_k (``output_gradients`` one-hot in row i), M_i =
+    ``norm_of(g_i)`` (a scalar: ||g_i|| for exact clipping, the JL estimate for
+    DP-SGD-JL), c_i = min(1, C / M_i), 0 for a non-finite M_i or l_i (that row is left
+    out of the sum: 0 * inf is NaN). Every row is its own backward pass through the
+    same recorded forward pass, so every c_i depends on example i alone. An empty batch
+    runs one pass with zero output gradients (XLA compiles no loop of zero trips)."""
+    losses = recorded.forward.per_example_losses
+    rows = tf.shape(losses)[0]
+    trips = tf.maximum(rows, 1)
+    weight = 1.0 / float(batch)
+    # row positions without a shape-dependent op (XLA needs one_hot's depth constant)
+    positions = tf.cumsum(tf.ones_like(losses)) - 1.0
+
+    def body(i, acc, norms, factors):
+        row = tf.cast(tf.equal(positions, tf.cast(i, losses.dtype)), losses.dtype)  # zeros past the last row
+        g = recorded.tape.gradient(losses, list(variables), output_gradients=row, unconnected_gradients=ZERO)
+        g = [tf.convert_to_tensor(t) for t in g]
+        norm = tf.reshape(norm_of(g), [1])
+        loss = tf.reshape(tf.gather(tf.concat([losses, tf.zeros([1], losses.dtype)], 0), i), [1])
+        factor = clip_factors(norm, l2_norm_clip, loss)
+        keep = factor[0] > 0
+        acc = [a + tf.where(keep, tf.cast(factor[0] * weight, t.dtype) * t, tf.zeros_like(t)) for a, t in zip(acc, g)]
+        return i + 1, acc, norms.write(i, norm[0]), factors.write(i, factor[0])
+
+    start = [tf.zeros(v.shape, v.dtype) for v in variables]
+    dtype = losses.dtype
+    _, summed, norms, factors = tf.while_loop(
+        lambda i, *_: i < trips, body,
+        (tf.constant(0), start, tf.TensorArray(dtype, size=trips), tf.TensorArray(dtype, size=trips)))
+    return summed, norms.stack()[:rows], factors.stack()[:rows]
+
+
+def exact_norm(per_example: list[tf.Tensor]) -> tf.Tensor:
+    """||g_i||_2 of one example's gradient (a list over variables)."""
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in per_example]))
+
+
 def _clipped_from_per_example(
     recorded: RecordedForward, variables: Sequence[Any], vectorized: bool,
     l2_norm_clip: float, batch: int,
 ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
     """(sum_i c_i g_i / B per variable, norms, factors) from exact per-example gradients."""
+    if not vectorized:
+        return streamed_clipped_sum(recorded, variables, exact_norm, l2_norm_clip, batch)
     per_example = per_example_gradients(recorded, variables, vectorized=vectorized)
     norms = per_example_norms(per_example)
     factors = clip_factors(norms, l2_norm_clip, recorded.forward.per_example_losses)
