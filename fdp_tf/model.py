@@ -363,13 +363,14 @@ def make_private(
       ValueError: a budget with a missing part, with an optimizer that already has a
         noise multiplier or is not a DP optimizer, or that no noise multiplier meets.
 
-    Example::
+    Examples:
 
-        optimizer = fdp_tf.DPAdamJL(l2_norm_clip=1.0, jl_projections=5, learning_rate=1e-3)
+        optimizer = fdp_tf.DPAdamJL(l2_norm_clip=1.0, jl_projections=30, learning_rate=1e-3)
         batches = fdp_tf.poisson_batches(x_train, y_train, expected_batch_size=256)
         model = fdp_tf.make_private(model, optimizer=optimizer, loss=loss,
                                     target_epsilon=8.0, delta=1e-5, epochs=15, data=batches)
-        model.fit(batches, epochs=15, callbacks=[fdp_tf.PrivacyCallback(delta=1e-5)])
+        model.fit(batches, epochs=15,
+                  callbacks=[fdp_tf.PrivacyCallback(delta=1e-5, stop_at_epsilon=8.0)])
     """
     from fdp_tf.budget import calibrate_optimizer
 

@@ -463,7 +463,7 @@ class _VanillaMixin(DPOptimizer):
 class DPSGDJL(_JLMixin, keras.optimizers.SGD):
     """DP-SGD-JL (seed, Algorithm 1): SGD on g~ with JL-estimated clipping.
 
-    Example::
+    Examples:
 
         opt = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.1,
                              jl_projections=5, learning_rate=0.1)

@@ -117,7 +117,7 @@ def streamed_clipped_sum(
         row = tf.cast(tf.equal(positions, tf.cast(i, losses.dtype)), losses.dtype)  # zeros past the last row
         g = recorded.tape.gradient(losses, list(variables), output_gradients=row, unconnected_gradients=ZERO)
         g = [tf.convert_to_tensor(t) for t in g]
-        norm = tf.reshape(norm_of(g), [1])
+        norm = tf.reshape(tf.cast(norm_of(g), losses.dtype), [1])
         loss = tf.reshape(tf.gather(tf.concat([losses, tf.zeros([1], losses.dtype)], 0), i), [1])
         factor = clip_factors(norm, l2_norm_clip, loss)
         keep = factor[0] > 0
