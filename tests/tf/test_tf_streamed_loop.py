@@ -2,9 +2,8 @@
 
 ``streamed_clipped_sum`` is the reference method (``per_example_method="loop"``,
 ``jvp_method="loop"``) and the fallback every layer-tap step carries in a ``tf.cond``;
-holding b gradients there cost memory even when the branch did not run (the 17.1 M
-parameter CNN of ``benchmarks/max_batch.py``: 3.0 GiB at a batch of 16, 0.24 GiB
-streamed). These tests check it against the definition, per example, on rows inside and
+holding b gradients there cost memory even when the branch did not run (see
+``benchmarks/max_batch.py`` and benchmarks/RESULTS.md, "The seed's memory tables"). These tests check it against the definition, per example, on rows inside and
 far outside the clipping norm and on an empty batch, eagerly, in a graph and under XLA.
 (A non-finite row poisons every row of a shared backward pass, 0 * inf; the step reruns
 without it, :mod:`fdp_tf.nonfinite`, tested with the hostile inputs.)
