@@ -44,7 +44,7 @@ if _keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on th
         f"{_keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before importing keras."
     )
 
-from fdp_tf.budget import Budget, noise_multiplier_for
+from fdp_tf.budget import Budget, jl_projections_for, noise_multiplier_for
 from fdp_tf.callbacks import PrivacyCallback
 from fdp_tf.clipping import clip_factors, clipped_gradient
 from fdp_tf.config import DPConfig
@@ -100,6 +100,7 @@ __all__ = [
     "jl_private_gradient",
     "looped_rnn_layers",
     "make_private",
+    "jl_projections_for",
     "noise_multiplier_for",
     "one_loss_per_row",
     "per_example_gradients",

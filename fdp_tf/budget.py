@@ -1,4 +1,5 @@
-"""Budget-first training: the noise multiplier that keeps a planned run within epsilon.
+"""Budget-first training: the noise multiplier (or the number of JL projections) that
+keeps a planned run within epsilon.
 
 A planned run is ``epochs`` passes of one DP optimizer over batches of a known
 sampling (a dataset of :func:`fdp_tf.poisson_batches`,
@@ -10,7 +11,13 @@ smallest sigma whose *certified* epsilon of that ledger is at most the target
 (:func:`fdp.calibrate_noise_multiplier`: a search on the accountant's upper bound, so
 the sigma returned meets the budget, never an estimate of it):
 
-    sigma* = min { sigma : eps_up( ledger + T steps of mechanism(sigma) ; delta ) <= eps* }.
+    sigma* = min { sigma : eps_up( T steps of mechanism(sigma) ; delta ) <= eps* }.
+
+For DP-SGD-JL at a given sigma, :func:`jl_projections_for` returns instead the fewest
+projections r whose planned run meets the budget (:func:`fdp.fewest_jl_projections`;
+epsilon falls as r grows, towards exact clipping's, the r -> infinity limit):
+
+    r* = min { r : eps_up( T steps of JL(sigma, r) ; delta ) <= eps* }.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from fdp_tf.batch_schemes import RandomAllocationSampling, WithoutReplacementSam
 from fdp_tf.ledger import Segment
 from fdp_tf.sampling import PoissonSampling, sampling_of
 
-__all__ = ["Budget", "calibrate_optimizer", "noise_multiplier_for", "planned_segment", "segment_for", "spec_of"]
+__all__ = ["Budget", "calibrate_optimizer", "jl_projections_for", "noise_multiplier_for", "planned_segment",
+           "segment_for", "spec_of"]
 
 _SPECS = (PoissonSampling, RandomAllocationSampling, WithoutReplacementSampling)
 
@@ -39,9 +47,13 @@ class Budget:
       delta: delta of the budget.
       epochs: passes planned.
       steps: the steps those passes run (what ``fit`` will book).
-      noise_multiplier: sigma chosen, the smallest with certified epsilon <= eps*.
-      epsilon: the certified upper bound on epsilon at sigma after the planned run.
+      noise_multiplier: sigma: chosen (the smallest with certified epsilon <= eps*), or
+        given when r was chosen.
+      epsilon: the certified upper bound on epsilon after the planned run.
       sampling: the spec of the batches (:class:`fdp_tf.PoissonSampling`, ...).
+      jl_projections: r of a JL optimizer (chosen: the fewest with certified epsilon <=
+        eps*, when ``chose`` says so); ``None`` for exact clipping.
+      chose: which parameter was chosen, ``"noise_multiplier"`` or ``"jl_projections"``.
     """
 
     target_epsilon: float
@@ -51,10 +63,18 @@ class Budget:
     noise_multiplier: float
     epsilon: float
     sampling: Any
+    jl_projections: int | None = None
+    chose: str = "noise_multiplier"
 
     def describe(self) -> str:
         """One line: what was chosen and for what."""
-        return (f"noise_multiplier={self.noise_multiplier:.4g} keeps epsilon <= {self.epsilon:.4g} "
+        if self.chose == "jl_projections":
+            choice = (f"jl_projections={self.jl_projections} (the fewest) at noise_multiplier="
+                      f"{self.noise_multiplier:.4g}")
+        else:
+            projections = "" if self.jl_projections is None else f" with jl_projections={self.jl_projections}"
+            choice = f"noise_multiplier={self.noise_multiplier:.4g}{projections}"
+        return (f"{choice} keeps epsilon <= {self.epsilon:.4g} "
                 f"(budget {self.target_epsilon:g}) at delta={self.delta:g} after {self.epochs} epochs "
                 f"({self.steps:,} steps) of {_scheme_words(self.sampling)} (certified upper bound)")
 
@@ -125,7 +145,7 @@ def noise_multiplier_for(optimizer: Any, data: Any, *, target_epsilon: float, de
       progress: a progress bar of the accountant runs on stderr.
 
     Returns:
-      A :class:`Budget` with the noise multiplier and the certified epsilon there.
+      The ``Budget``, with the noise multiplier and the certified epsilon there.
 
     Raises:
       ValueError: an argument out of range; data of unknown sampling; or a target no
@@ -147,31 +167,111 @@ def noise_multiplier_for(optimizer: Any, data: Any, *, target_epsilon: float, de
         sigma = fdp.calibrate_noise_multiplier(
             target_epsilon=target, delta=delta, steps=plan.events(), progress=progress,
             mechanism=lambda s: dataclasses.replace(plan, noise_multiplier=s).mechanism())
-    from fdp_tf.ledger import PrivacyLedger
-
     chosen = dataclasses.replace(plan, noise_multiplier=sigma)
-    epsilon = PrivacyLedger((chosen,)).epsilon(delta)
+    epsilon = _certified(chosen, delta)
     if not epsilon <= target or not math.isfinite(epsilon):  # the search certified it; a second look agrees
         raise AssertionError(f"calibrated sigma={sigma} gives epsilon {epsilon} > {target}")
     return Budget(target_epsilon=target, delta=delta, epochs=int(epochs), steps=plan.steps,
-                  noise_multiplier=sigma, epsilon=epsilon, sampling=spec)
+                  noise_multiplier=sigma, epsilon=epsilon, sampling=spec, jl_projections=plan.jl_projections)
 
 
-def calibrate_optimizer(optimizer: Any, target_epsilon: float, delta: Any, epochs: Any, data: Any) -> Budget:
-    """Choose and set the noise multiplier of ``optimizer`` for a budget (``make_private``)."""
+def jl_projections_for(optimizer: Any, data: Any, *, target_epsilon: float, delta: float, epochs: int,
+                       progress: bool = False) -> Budget:
+    """The fewest JL projections r of a DP-SGD-JL optimizer whose planned run stays within
+    budget at the optimizer's noise multiplier.
+
+    Args:
+      optimizer: a JL optimizer with its noise multiplier (its r is not read).
+      data: the training batches: a dataset of :func:`fdp_tf.poisson_batches` or
+        :func:`fdp_tf.random_allocation_batches`, or its spec.
+      target_epsilon: eps* > 0.
+      delta: delta in (0, 1), e.g. below 1 / N.
+      epochs: the passes ``fit`` will run, >= 1.
+      progress: print each probed r and whether it meets the budget on stderr.
+
+    Returns:
+      The ``Budget``, with r, the noise multiplier and the certified epsilon there.
+
+    Raises:
+      ValueError: an argument out of range; data of unknown sampling or drawn without
+        replacement (accounted for exact clipping only); or a target that exact clipping
+        at this sigma (r -> infinity) misses, or no r up to
+        :data:`fdp.budget.MAX_JL_PROJECTIONS` meets: the message says to raise sigma.
+    """
+    import sys
+
+    import fdp
+
+    target = check_real("target_epsilon", target_epsilon, low=0.0, low_inclusive=False)
+    delta = check_delta(delta)
+    sigma = optimizer.noise_multiplier
+    if optimizer.segment(1.0).kind != "jl" or sigma is None:
+        raise ValueError("jl_projections_for needs a JL optimizer (fdp_tf.DPSGDJL / DPAdamJL) with its "
+                         f"noise_multiplier; got {type(optimizer).__name__} with noise_multiplier={sigma}")
+    plan = planned_segment(optimizer, data, epochs)
+    spec, _ = spec_of(data)
+    report = (lambda r, ok: print(f"jl_projections={r}: {'meets' if ok else 'misses'} the budget",
+                                  file=sys.stderr)) if progress else None
+    if plan.sampling == "poisson":  # the same search as fdp calibrate's
+        r = fdp.fewest_jl_projections(noise_multiplier=sigma, sampling_rate=plan.sampling_rate,
+                                      steps=plan.events(), target_epsilon=target, delta=delta, progress=report)
+    else:
+        if plan.sampling == "without_replacement":  # not accounted for JL: the ledger's refusal
+            dataclasses.replace(plan, jl_projections=1).mechanism()
+        limit = dataclasses.replace(plan, kind="gaussian", jl_projections=0).mechanism()
+        r = fdp.fewest_jl_projections(
+            mechanism=lambda r: dataclasses.replace(plan, jl_projections=r).mechanism(), limit=limit,
+            steps=plan.events(), target_epsilon=target, delta=delta, progress=report)
+    chosen = dataclasses.replace(plan, jl_projections=r)
+    epsilon = _certified(chosen, delta)
+    if not epsilon <= target or not math.isfinite(epsilon):  # the search certified it; a second look agrees
+        raise AssertionError(f"chosen jl_projections={r} gives epsilon {epsilon} > {target}")
+    return Budget(target_epsilon=target, delta=delta, epochs=int(epochs), steps=plan.steps, noise_multiplier=sigma,
+                  epsilon=epsilon, sampling=spec, jl_projections=r, chose="jl_projections")
+
+
+def _certified(segment: Segment, delta: float) -> float:
+    """The ledger's upper bound on epsilon of ``segment`` (its bracket width is not the
+    question, so no warning about it)."""
+    import warnings
+
+    from fdp_tf.ledger import PrivacyLedger
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return PrivacyLedger((segment,)).epsilon(delta)
+
+
+def calibrate_optimizer(optimizer: Any, target_epsilon: float, delta: Any, epochs: Any, data: Any,
+                        progress: bool = False) -> Budget:
+    """Choose and set what ``optimizer`` left out for a budget (``make_private``): its noise
+    multiplier, or r of a JL optimizer given sigma."""
     from fdp_tf.optimizers import DPOptimizer
 
     if not isinstance(optimizer, DPOptimizer):
         raise ValueError("target_epsilon needs a DP optimizer created without noise_multiplier (e.g. "
                          f"fdp_tf.DPAdamJL(l2_norm_clip=1.0, jl_projections=5)); got {type(optimizer).__name__}")
-    if optimizer.noise_multiplier is not None:
+    missing = optimizer.missing_parameters()
+    if not missing:
         raise ValueError(f"give either target_epsilon or the optimizer's noise_multiplier, not both: "
                          f"{type(optimizer).__name__} has noise_multiplier={optimizer.noise_multiplier}. "
-                         "Create it without noise_multiplier to have it chosen for the budget")
-    missing = [name for name, value in (("delta", delta), ("epochs", epochs), ("data", data)) if value is None]
-    if missing:
-        raise ValueError(f"target_epsilon needs {', '.join(missing)} too: the budget's delta, the passes fit "
+                         "Create it without noise_multiplier (or, for DP-SGD-JL, without jl_projections) to have "
+                         "it chosen for the budget")
+    if len(missing) > 1:
+        raise ValueError(f"{type(optimizer).__name__} has neither noise_multiplier nor jl_projections: a budget "
+                         "fixes one of them given the other. Give jl_projections=r to have sigma chosen "
+                         "(r = 30 or more keeps sigma near exact clipping's), or noise_multiplier=sigma to have the "
+                         "fewest r chosen")
+    unset = [name for name, value in (("delta", delta), ("epochs", epochs), ("data", data)) if value is None]
+    if unset:
+        raise ValueError(f"target_epsilon needs {', '.join(unset)} too: the budget's delta, the passes fit "
                          "will run and the dataset it will train on (its sampling decides the cost)")
-    budget = noise_multiplier_for(optimizer, data, target_epsilon=target_epsilon, delta=delta, epochs=epochs)
-    optimizer.calibrated(budget.noise_multiplier)
+    if missing == ("jl_projections",):
+        budget = jl_projections_for(optimizer, data, target_epsilon=target_epsilon, delta=delta, epochs=epochs,
+                                    progress=progress)
+        optimizer.calibrated(jl_projections=budget.jl_projections)
+    else:
+        budget = noise_multiplier_for(optimizer, data, target_epsilon=target_epsilon, delta=delta, epochs=epochs,
+                                      progress=progress)
+        optimizer.calibrated(budget.noise_multiplier)
     return budget

@@ -27,6 +27,8 @@ Typical use::
 
 from __future__ import annotations
 
+import sys
+
 from typing import Any
 
 import keras
@@ -38,7 +40,7 @@ from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, empty_table
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
 from fdp_tf.model_fit import LedgerFit
 from fdp_tf.odometer import Odometer, armed_step, booked_as_fit
-from fdp_tf.optimizers import DPOptimizer, check_noise_multiplier
+from fdp_tf.optimizers import DPOptimizer, check_calibrated
 from fdp_tf.probes import one_loss_per_row
 from fdp_tf.verify import guarded_train_function
 
@@ -132,7 +134,7 @@ class PrivateModel(LedgerFit, keras.Model):
         """
         self._per_example_loss = per_example_loss_fn(loss)
         if isinstance(optimizer, DPOptimizer):
-            check_noise_multiplier(optimizer)
+            check_calibrated(optimizer)
             refuse_unsupported_layers(self)
             refuse_multiple_outputs(self.base_model)
             if kwargs.get("jit_compile", "auto") == "auto":
@@ -340,8 +342,11 @@ def make_private(
     ``data`` with a DP optimizer created *without* ``noise_multiplier``, and the
     smallest noise multiplier whose certified epsilon after ``epochs`` passes over
     ``data`` is at most ``target_epsilon`` is chosen before the first step
-    (:func:`fdp_tf.noise_multiplier_for`), printed (``verbose``) and kept in
-    ``model.budget``; ``fit`` warns if it is asked to run past the plan.
+    (:func:`fdp_tf.noise_multiplier_for`). A JL optimizer created with
+    ``noise_multiplier`` but *without* ``jl_projections`` gets the fewest projections r
+    that meet the budget instead (:func:`fdp_tf.jl_projections_for`; fewer directions,
+    a cheaper step). The choice is printed (``verbose``) and kept in ``model.budget``;
+    ``fit`` warns if it is asked to run past the plan.
 
     Args:
       model: any Keras model with trainable variables.
@@ -356,12 +361,14 @@ def make_private(
         :func:`fdp_tf.random_allocation_batches` or
         :func:`fdp_tf.without_replacement_batches` (or its spec): how batches are
         drawn decides what a step costs.
-      verbose: print the noise multiplier chosen and what it is for.
+      verbose: print what was chosen and what it is for (and, on a terminal, the search's
+        progress).
       **compile_kwargs: passed to ``compile`` (``metrics``, ``jit_compile``, ...).
 
     Raises:
-      ValueError: a budget with a missing part, with an optimizer that already has a
-        noise multiplier or is not a DP optimizer, or that no noise multiplier meets.
+      ValueError: a budget with a missing part, with an optimizer that has nothing left
+        to choose (or both sigma and r left out) or is not a DP optimizer, or that no
+        noise multiplier (no r) meets.
 
     Examples:
 
@@ -371,12 +378,16 @@ def make_private(
                                     target_epsilon=8.0, delta=1e-5, epochs=15, data=batches)
         model.fit(batches, epochs=15,
                   callbacks=[fdp_tf.PrivacyCallback(delta=1e-5, stop_at_epsilon=8.0)])
+
+        # or sigma fixed and the fewest projections chosen:
+        optimizer = fdp_tf.DPAdamJL(l2_norm_clip=1.0, noise_multiplier=0.8, learning_rate=1e-3)
     """
     from fdp_tf.budget import calibrate_optimizer
 
     budget = None
     if target_epsilon is not None:
-        budget = calibrate_optimizer(optimizer, target_epsilon, delta, epochs, data)
+        budget = calibrate_optimizer(optimizer, target_epsilon, delta, epochs, data,
+                                     progress=verbose and sys.stderr.isatty())
         if verbose:
             print(f"fdp_tf.make_private: {budget.describe()}")
     elif (delta, epochs, data) != (None, None, None):

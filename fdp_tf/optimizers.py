@@ -51,7 +51,7 @@ from fdp_tf.randomness import (StepRandomness, _Holder, num_replicas, os_entropy
 from fdp_tf.verify import verified_private_gradient
 
 __all__ = [
-    "check_noise_multiplier",
+    "check_calibrated",
     "DPOptimizer",
     "DPSGDJL",
     "DPAdamJL",
@@ -136,22 +136,32 @@ class DPOptimizer:
         """sigma; ``None`` until :func:`fdp_tf.make_private` calibrates it to a budget."""
         return self.dp_config.noise_multiplier
 
-    def calibrated(self, noise_multiplier: float) -> None:
-        """Set the noise multiplier left out at construction (what
-        :func:`fdp_tf.make_private` does with ``target_epsilon=``).
+    def missing_parameters(self) -> tuple[str, ...]:
+        """The constructor arguments left out for :func:`fdp_tf.make_private` to choose
+        (``noise_multiplier``; ``jl_projections`` of a JL optimizer); no step runs until
+        they are set."""
+        return ("noise_multiplier",) if self.noise_multiplier is None else ()
+
+    def calibrated(self, noise_multiplier: float | None = None, *, jl_projections: int | None = None) -> None:
+        """Set a parameter left out at construction (what :func:`fdp_tf.make_private` does
+        with ``target_epsilon=``): the noise multiplier, or r of a JL optimizer.
 
         Raises:
-          ValueError: if it is already set or a step has run: a step traced with one
-            noise multiplier keeps it, and its steps would be booked at the other.
+          ValueError: if that parameter is already set or a step has run: a step traced
+            with one value keeps it, and its steps would be booked at the other.
         """
-        if self.noise_multiplier is not None or self._dp_booking.released:
+        given = {name: value for name, value in (("noise_multiplier", noise_multiplier),
+                                                  ("jl_projections", jl_projections)) if value is not None}
+        missing = self.missing_parameters()
+        if not given or self._dp_booking.released or any(name not in missing for name in given):
             raise ValueError(
-                f"noise_multiplier of {type(self).__name__} is already {self.noise_multiplier} or steps ran: "
-                "only an optimizer created without noise_multiplier, before its first step, can have it "
-                "calibrated. Create a new optimizer without noise_multiplier"
+                f"{type(self).__name__} can have only what was left out at construction "
+                f"({', '.join(missing) or 'nothing'}) calibrated, once and before its first step; got "
+                f"{given or 'nothing'}{' after steps ran' if self._dp_booking.released else ''}. Create a new "
+                "optimizer without the parameter to have it chosen"
             )
-        self.dp_config = dataclasses.replace(self.dp_config, noise_multiplier=noise_multiplier)
-        self._dp_booking = Booking(self)  # its segments carry the new sigma
+        self.dp_config = dataclasses.replace(self.dp_config, **given)
+        self._dp_booking = Booking(self)  # its segments carry the new values
 
     @property
     def expected_batch_size(self) -> int | None:
@@ -240,7 +250,7 @@ class DPOptimizer:
             same message, and the gradients are not released).
 
         Returns:
-          A :class:`fdp_tf.PrivateGradient`; pass exactly its ``gradients`` to
+          The ``PrivateGradient``; pass exactly its ``gradients`` to
           ``apply_gradients``.
         """
         variables = list(variables)
@@ -250,7 +260,7 @@ class DPOptimizer:
                 "(the model has no trainable variables)"
             )
         check_batch_size(self.expected_batch_size)
-        check_noise_multiplier(self)
+        check_calibrated(self)
         result = verified_private_gradient(self, forward_fn, variables, model, forward_on_rows, forward_on_indices)
         # the noised gradient leaves here: booked, however it is applied (before arming
         # apply: under MirroredStrategy the booking's merge_call lets the other replicas run)
@@ -318,13 +328,18 @@ class DPOptimizer:
 class _JLMixin(DPOptimizer):
     """DP-SGD-JL / DP-Adam-JL gradient (seed, Algorithm 1 and Algorithm 3)."""
 
-    def __init__(self, *, jl_projections: int, jvp_method: str = "auto", **kwargs: Any) -> None:
+    def __init__(self, *, jl_projections: int | None = None, jvp_method: str = "auto", **kwargs: Any) -> None:
         kwargs.pop("per_example_method", None)
         super().__init__(jl_projections=jl_projections, jvp_method=jvp_method, **kwargs)
 
     @property
-    def jl_projections(self) -> int:
-        return int(self.dp_config.jl_projections)  # type: ignore[arg-type]
+    def jl_projections(self) -> int | None:
+        """r; ``None`` until :func:`fdp_tf.make_private` chooses the fewest for a budget."""
+        return self.dp_config.jl_projections
+
+    def missing_parameters(self) -> tuple[str, ...]:
+        missing = super().missing_parameters()
+        return missing + (("jl_projections",) if self.jl_projections is None else ())
 
     def _method_config(self) -> dict[str, Any]:
         return {"jl_projections": self.jl_projections, "jvp_method": self.dp_config.jvp_method}
@@ -502,11 +517,17 @@ class DPAdamVanilla(_VanillaMixin, keras.optimizers.Adam):
     """
 
 
-def check_noise_multiplier(optimizer: DPOptimizer) -> None:
-    """Refuse an optimizer whose noise multiplier was left out and never calibrated."""
-    if optimizer.noise_multiplier is None:
+def check_calibrated(optimizer: DPOptimizer) -> None:
+    """Refuse an optimizer with a parameter left out and never calibrated (no step may run
+    with an unknown noise multiplier or r)."""
+    missing = optimizer.missing_parameters()
+    if missing:
+        words = " and ".join(missing)
         raise ValueError(
-            f"noise_multiplier of {type(optimizer).__name__} is None: give noise_multiplier=sigma, or let "
-            "fdp_tf.make_private(model, optimizer=..., loss=..., target_epsilon=..., delta=..., epochs=..., "
-            "data=...) choose the smallest sigma that keeps the run within that budget"
+            f"{words} of {type(optimizer).__name__} {'is' if len(missing) == 1 else 'are'} None: give "
+            f"{' and '.join(f'{name}=...' for name in missing)}, or let fdp_tf.make_private(model, "
+            "optimizer=..., loss=..., target_epsilon=..., delta=..., epochs=..., data=...) choose "
+            + ("the smallest noise multiplier" if "noise_multiplier" in missing else "the fewest projections r")
+            + " that keeps the run within that budget"
+            + (" (it chooses one of the two: give the other)" if len(missing) == 2 else "")
         )

@@ -123,6 +123,59 @@ def test_no_step_runs_without_a_noise_multiplier() -> None:
         fdp_tf.PrivateModel(model).compile(optimizer=optimizer, loss=_loss())
 
 
+# random allocation of the JL step: ~40 s of lattices, so slow (its search is the callable
+# form of fdp.fewest_jl_projections, tested in tests/test_budget.py)
+@pytest.mark.parametrize("scheme", ["poisson", pytest.param("random_allocation", marks=pytest.mark.slow)])
+def test_the_fewest_projections_for_a_budget(scheme: str) -> None:
+    """sigma given, r left out: the r chosen is the fewest the certified bound allows (one
+    fewer misses), the same as fdp.fewest_jl_projections on the same sampling, and fit
+    books exactly the planned run."""
+    import fdp
+
+    x, y = _data()
+    data = _batches(scheme, x, y)
+    optimizer = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=3.0, learning_rate=0.1)
+    model = fdp_tf.make_private(_model(), optimizer=optimizer, loss=_loss(), target_epsilon=3.0, delta=DELTA,
+                                epochs=2, data=data, verbose=False)
+    budget = model.budget
+    r = optimizer.jl_projections
+    assert budget.chose == "jl_projections" and budget.jl_projections == r and budget.noise_multiplier == 3.0
+    fewer = planned_segment(optimizer, data, 2)  # r as chosen
+    assert PrivacyLedger((fewer,)).epsilon(DELTA) == pytest.approx(budget.epsilon, rel=1e-12)
+    assert budget.epsilon <= 3.0
+    fewer = fewer.__class__(**{**fewer.__dict__, "jl_projections": r - 1})
+    assert PrivacyLedger((fewer,)).epsilon(DELTA) > 3.0
+    if scheme == "poisson":
+        assert r == fdp.fewest_jl_projections(noise_multiplier=3.0, sampling_rate=60 / N, steps=budget.steps,
+                                              target_epsilon=3.0, delta=DELTA)
+    model.fit(data, epochs=2, verbose=0)
+    assert model.epsilon(DELTA) == pytest.approx(budget.epsilon, rel=1e-12)
+    assert "jl_projections=" in budget.describe() and "(the fewest)" in budget.describe()
+
+
+def test_no_step_runs_without_projections_and_a_budget_fixes_only_one_of_sigma_and_r() -> None:
+    x, y = _data()
+    data = _batches("poisson", x, y)
+    with pytest.raises(ValueError, match="jl_projections of DPSGDJL is None.*the fewest projections"):
+        fdp_tf.make_private(_model(), optimizer=fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0),
+                            loss=_loss())
+    optimizer = fdp_tf.DPAdamJL(l2_norm_clip=1.0, expected_batch_size=8)
+    with pytest.raises(ValueError, match="noise_multiplier and jl_projections of DPAdamJL are None"):
+        optimizer.compute_private_gradients(lambda: None, _model().trainable_variables)
+    with pytest.raises(ValueError, match="neither noise_multiplier nor jl_projections"):
+        fdp_tf.make_private(_model(), optimizer=optimizer, loss=_loss(), target_epsilon=2.0, delta=DELTA,
+                            epochs=2, data=data)
+    with pytest.raises(ValueError, match="unreachable: even the Gaussian"):
+        fdp_tf.jl_projections_for(fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=0.5), data,
+                                  target_epsilon=0.1, delta=DELTA, epochs=2)
+    with pytest.raises(ValueError, match="accounted for DP-SGD \\(exact clipping\\) only"):
+        fdp_tf.jl_projections_for(fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=3.0),
+                                  _batches("without_replacement", x, y), target_epsilon=3.0, delta=DELTA, epochs=2)
+    with pytest.raises(ValueError, match="needs a JL optimizer"):
+        fdp_tf.jl_projections_for(fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0), data,
+                                  target_epsilon=3.0, delta=DELTA, epochs=2)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(optimizer="sgd"), "needs a DP optimizer"),
     (dict(noise_multiplier=1.0), "either target_epsilon or the optimizer's noise_multiplier"),
@@ -149,5 +202,14 @@ def test_budget_parts_without_a_target_and_a_second_calibration_are_refused() ->
                             loss=_loss(), delta=DELTA)
     optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=1.0)
     optimizer.calibrated(1.5)
-    with pytest.raises(ValueError, match="already 1.5"):
+    with pytest.raises(ValueError, match=r"left out at construction \(nothing\)"):
         optimizer.calibrated(2.0)
+    jl = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match=r"\(jl_projections\) calibrated.*'noise_multiplier': 2.0"):
+        jl.calibrated(2.0)  # only what was left out
+    jl.calibrated(jl_projections=7)
+    assert jl.jl_projections == 7 and jl.missing_parameters() == ()
+    with pytest.raises(ValueError, match=r"\(nothing\)"):
+        jl.calibrated(jl_projections=8)
+    with pytest.raises(ValueError, match=r"\(nothing\)"):
+        fdp_tf.DPSGDVanilla(l2_norm_clip=1.0, noise_multiplier=1.0).calibrated(jl_projections=3)

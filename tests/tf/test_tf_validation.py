@@ -60,7 +60,11 @@ def test_bad_methods() -> None:
 
 def test_missing_required_arguments() -> None:
     with pytest.raises(TypeError):
-        fdp_tf.DPAdamJL(l2_norm_clip=1.0, noise_multiplier=1.0)  # jl_projections is required
+        fdp_tf.DPAdamJL(noise_multiplier=1.0, jl_projections=3)  # l2_norm_clip is required
+    # r may be left out for make_private to choose (a budget), but nothing trains without it
+    optimizer = fdp_tf.DPAdamJL(l2_norm_clip=1.0, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="jl_projections of DPAdamJL is None"):
+        fdp_tf.PrivateModel(dense_model()).compile(optimizer=optimizer, loss=CE)
 
 
 @pytest.mark.parametrize(
