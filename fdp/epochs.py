@@ -122,7 +122,8 @@ def dpsgd(
         ceil(T / t) whole epochs).
 
     Returns:
-      The :class:`fdp.PLDAccountant`; e.g. ``.get_epsilon_bounds(delta=1e-5)``.
+      The ``fdp.PLDAccountant`` holding the run, ready for queries such as
+      ``.get_epsilon_bounds(delta=1e-5)``.
 
     Examples:
       >>> import fdp

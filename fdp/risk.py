@@ -137,7 +137,7 @@ def attack_risk(accountant: Any, fpr: Any = DEFAULT_FPR) -> AttackRisk:
       fpr: false-positive rates in [0, 1] (scalar or 1-D).
 
     Returns:
-      An :class:`AttackRisk`.
+      The bounds, as an ``AttackRisk``.
 
     Raises:
       ValueError: fpr outside [0, 1] or NaN; an accountant with no events.

@@ -125,8 +125,8 @@ def poisson_batches(
         :class:`fdp_tf.NotPrivateWarning`.
 
     Returns:
-      The dataset; its :class:`PoissonSampling` is available through
-      :func:`poisson_sampling_of` and is used by ``PrivateModel.fit``.
+      The dataset; ``PrivateModel.fit`` reads its :class:`PoissonSampling` (also
+      returned by :func:`poisson_sampling_of`).
 
     Raises:
       ValueError: expected_batch_size outside [1, N], steps_per_epoch < 1, or

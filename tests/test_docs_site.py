@@ -37,6 +37,9 @@ def test_site_builds_with_strict_links_and_api_reference(tmp_path):
     raw_roles = re.findall(r":(?:class|func|meth|mod|data|attr|exc|obj):", reference)
     assert not raw_roles, f"{len(raw_roles)} Sphinx roles shown as text"
     assert "<blockquote>" not in reference  # a >>> example outside an Examples: section
+    # a Returns: item "A :class:`X` ..." is split at the role's colon into a name "A" and
+    # a description "class:..."
+    assert not re.search(r"<p>(class|func|meth|data|attr|mod):", reference)
     assert reference.count('class="gp">&gt;&gt;&gt; ') >= 10  # prompts inside highlighted code
     assert reference.count('class="autorefs autorefs-internal"') >= 40  # roles that link
     for internal in ("_capped_lower", "level -2"):
