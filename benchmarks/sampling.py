@@ -14,7 +14,7 @@ own accuracy default) run in a subprocess under ``--peer-timeout`` seconds.
 A second table does the same for DP-SGD-JL (``fdp.JL`` steps): Poisson against random
 allocation of the JL step (``fdp.RandomAllocation(fdp.JL(...))``), where its lattice fits.
 
-    python benchmarks/sampling.py [--peer] [--peer-timeout 300] [--json PATH] [--quick]
+    python benchmarks/sampling.py [--peer] [--peer-timeout 300] [--json PATH] [--quick] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ SETTINGS = [
     ("MNIST, sigma 1.1, B 256, 60 epochs", 1.1, 60000, 256, 60),
     ("seed's IMDb size, sigma 1, B 256, 15 epochs", 1.0, 25000, 256, 15),
     ("CIFAR-10 size, sigma 2, B 1024, 100 epochs", 2.0, 50000, 1024, 100),
+    ("small noise: sigma 0.7, t 235, 10 epochs", 0.7, 60000, 256, 10),
+    ("small noise: sigma 0.6, t 235, 10 epochs", 0.6, 60000, 256, 10),
+    ("small noise: sigma 0.5, t 235, 10 epochs", 0.5, 60000, 256, 10),
+    ("small noise: sigma 0.6, B 256, N 25,000 (t 98), 15 epochs", 0.6, 25000, 256, 15),
 ]
 QUICK = [("quick: sigma 2, t 11, 3 epochs", 2.0, 1050, 100, 3)]
 #: (name, sigma, r, N, B, epochs) of DP-SGD-JL.
@@ -58,8 +62,9 @@ def _fdp(sigma: float, n: int, b: int, epochs: int) -> dict[str, Any]:
     start = time.perf_counter()
     poisson = fdp.dpsgd(noise_multiplier=sigma, batch_size=b, dataset_size=n, epochs=epochs).get_epsilon_bounds(DELTA)
     t_poisson = time.perf_counter() - start
-    random_allocation._lattice.cache_clear()
-    random_allocation._atoms.cache_clear()
+    for cache in (random_allocation._lattice, random_allocation._atoms, random_allocation._mixture_lattice,
+                  random_allocation._mixture_atoms):
+        cache.cache_clear()
     times = []
     for _ in range(2):  # cold, then warm (the epoch's lattice cached)
         start = time.perf_counter()
@@ -140,6 +145,10 @@ def _peer(sigma: float, t: int, epochs: int, timeout: float) -> dict[str, Any]:
     return {"peer": (lower, upper), "peer_s": seconds, "peer_note": ""}
 
 
+def _chosen(settings: list[Any], only: str | None) -> list[Any]:
+    return [row for row in settings if only is None or only in row[0]]
+
+
 def _bracket(pair: Any) -> str:
     if pair is None:
         return "—"
@@ -153,13 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-timeout", type=float, default=300.0, help="seconds per peer run")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="one small setting (a smoke test)")
+    parser.add_argument("--only", help="only the settings whose name contains this text (both tables)")
     args = parser.parse_args(argv)
     rows = []
     print(f"delta = {DELTA:g}; epsilon brackets are certified [lower, upper] (width)")
     print("| setting | t | fdp Poisson | s | fdp random allocation | s cold / warm | PLD_accounting random allocation "
           "| s | fdp without replacement (replace-one) | s | shuffled, lower bound | s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, sigma, n, b, epochs in QUICK if args.quick else SETTINGS:
+    for name, sigma, n, b, epochs in _chosen(QUICK if args.quick else SETTINGS, args.only):
         t = -(-n // b)
         row: dict[str, Any] = {"setting": name, "sigma": sigma, "N": n, "B": b, "epochs": epochs, "t": t,
                                **_fdp(sigma, n, b, epochs)}
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
               f"| {row['allocation_cold_s']:.2f} / {row['allocation_warm_s']:.2f} | {peer} | {peer_s} "
               f"| {_bracket(row['without_replacement'])} | {row['without_replacement_s']:.2f} "
               f"| >= {row['shuffled_lower']:.4f} | {row['shuffled_s']:.2f} |", flush=True)
-    jl_rows = _jl_table(JL_QUICK if args.quick else JL_SETTINGS)
+    jl_rows = _jl_table(_chosen(JL_QUICK if args.quick else JL_SETTINGS, args.only))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"dpsgd": rows, "dpsgd_jl": jl_rows}, f, indent=1)

@@ -155,6 +155,15 @@ class _Chernoff:
         s = np.asarray(s, dtype=np.float64)
         return np.exp(np.min(self.log_up[:, None] - self.theta[:, None] * s[None, :], axis=0).clip(max=0.0))
 
+    def above_tilted(self, s: np.ndarray, theta: float, n: int) -> np.ndarray:
+        """Upper bounds on E[e^{theta (M - s + n)} ; M >= s] under Q and P (exponents
+        theta' > theta only), elementwise: the wrap-around of a tilted convolution."""
+        s = np.asarray(s, dtype=np.float64)
+        use = self.theta > theta
+        th, up = self.theta[use], self.log_up[use]
+        log_bound = np.min(up[:, None] - th[:, None] * s[None, :], axis=0) + theta * n
+        return np.exp(np.minimum(log_bound, 700.0))
+
     def below(self, s: np.ndarray) -> np.ndarray:
         """Upper bounds on Q(M <= s) and P(M <= s), elementwise."""
         s = np.asarray(s, dtype=np.float64)
@@ -167,15 +176,28 @@ class _Chernoff:
         return max(int(math.floor(lo)), 0), int(math.ceil(hi)) + 1
 
 
-def _wrap_envelope(chernoff: _Chernoff, lo: int, n: int, size: int, block: int = 256) -> np.ndarray:
+def _wrap_envelope(chernoff: _Chernoff, lo: int, n: int, size: int, block: int = 256,
+                   theta: float = 0.0, top_free: bool = False) -> np.ndarray:
     """Per window entry j (m = lo + j), a bound on the mass that the circular convolution
     of length n adds to it from outside the window: the masses at m + k n (k >= 1) sum to
     at most Q(M >= lo + n + j), those at m - k n to at most Q(M <= lo + j - n). Both bounds
     are monotone in j, so each block of ``block`` entries takes its largest (the first
-    entry's upper tail, the last entry's lower tail)."""
+    entry's upper tail, the last entry's lower tail).
+
+    Tilted by theta (:func:`_tilt`), mass at M' = m + k n reaches entry m weighted
+    e^{theta k n}: below (k < 0) at most 1, so the same bound; above, E[e^{theta (M - m)} ;
+    M >= s] with s = m + n is at most e^{theta n} E[e^{theta' M}] e^{-theta' s} for every
+    theta' >= theta (M - s >= 0 there), the Chernoff bound restricted to those exponents.
+    ``top_free``: the window reaches past the sum's largest class, so nothing comes from above."""
     start = np.arange(0, size, block, dtype=np.float64)
     end = np.minimum(start + block - 1, size - 1)
-    per_block = chernoff.above(lo + n + start) + chernoff.below(lo + end - n)
+    if top_free:
+        above = np.zeros(start.size)
+    elif theta == 0.0:
+        above = chernoff.above(lo + n + start)
+    else:
+        above = chernoff.above_tilted(lo + n + start, theta, n)
+    per_block = above + chernoff.below(lo + end - n)
     return np.repeat(per_block, block)[:size]
 
 
@@ -253,29 +275,91 @@ def term_sums(law: TermLaw, terms: int, max_points: int = MAX_LATTICE_POINTS) ->
     if n > max_points:
         raise ValueError(f"random allocation needs a lattice of {n} points here, more than "
                          f"max_points={max_points}")
-    spectrum_a = _spectrum(law.a, n, n_terms)
+    padded = scipy.fft.next_fast_len(int((hi - lo) * (1 + TILT_PAD)) + 1, real=True)
+    if n_terms > 1 and padded <= max_points:  # room for a tilt's wrap-around (see _tilt)
+        n = padded
+    # nothing wraps in from above when the window reaches past the sum's largest class
+    top_free = lo + n > n_terms * (law.a.size - 1)
+    theta = _tilt(law, n_terms, lo, n, chernoff, top_free) if n_terms > 1 else 0.0
+    a, b_lo, bbar_lo = (_tilted(v, theta) for v in (law.a, law.b_lo, law.bbar_lo))
+    spectrum_a = _spectrum(a, n, n_terms)
     q_full, q_err = _power_product([(spectrum_a, n_terms)], n)
     if n_terms > 1:
-        rho_full, rho_err = _power_product([(_spectrum(law.b_lo, n, 1), 1), (spectrum_a, n_terms - 1)], n)
-        bar_full, bar_err = _power_product([(_spectrum(law.bbar_lo, n, 1), 1), (spectrum_a, n_terms - 1)], n)
+        rho_full, rho_err = _power_product([(_spectrum(b_lo, n, 1), 1), (spectrum_a, n_terms - 1)], n)
+        bar_full, bar_err = _power_product([(_spectrum(bbar_lo, n, 1), 1), (spectrum_a, n_terms - 1)], n)
     else:
         rho_full, bar_full = _folded(law.b_lo, n), _folded(law.bbar_lo, n)
         rho_err = bar_err = 0.0
         q_full = _folded(law.a, n)
     shift = lo % n
+    # back from the tilted domain: entry m times e^{-theta m} (so is its round-off bound);
+    # the tilt and this factor each within 4u relative (exp and a product)
+    untilt = np.exp(-theta * np.arange(lo, hi, dtype=np.float64)) if theta > 0 else np.ones(hi - lo)
+    rounding = (1 + 4 * U) ** 2 if theta > 0 else 1.0
 
     def window_of(v: np.ndarray) -> np.ndarray:
-        return np.roll(v, -shift)[: hi - lo]
+        return np.roll(v, -shift)[: hi - lo] * untilt
 
     q, rho, bar = window_of(q_full), window_of(rho_full), window_of(bar_full)
-    wrapped = _wrap_envelope(chernoff, lo, n, hi - lo)
-    grow = math.expm1(n_terms * math.log1p(law.a_error))
+    q_err, rho_err, bar_err = q_err * untilt * rounding, rho_err * untilt * rounding, bar_err * untilt * rounding
+    wrapped = _wrap_envelope(chernoff, lo, n, hi - lo, theta=theta, top_free=top_free) * rounding
+    # a product of n_terms vectors is off by their relative errors (law.a_error each; tilted:
+    # 4u more each) and, tilted, by the untilting factor's 4u
+    tilt_error = (n_terms + 1) * math.log1p(4 * U) if theta > 0 else 0.0
+    grow = math.expm1(n_terms * math.log1p(law.a_error) + tilt_error)
     width = (n_terms + 1) * law.spacing * (1 + law.xi)
     q_lo = np.clip((q - q_err - wrapped) * (1 - grow), 0.0, None)
     q_hi = np.clip((q + q_err) * (1 + grow), 0.0, None)
     rho_lo = np.clip((n_terms * (rho - rho_err) - width * wrapped) * (1 - grow), 0.0, None)
     bar_lo = np.clip((n_terms * (bar - bar_err) - width * wrapped) * (1 - grow), 0.0, None)
     return TermSums(n_terms, law.spacing, law.xi, lo, q_lo, q_hi, rho_lo, bar_lo)
+
+
+#: Largest theta n of the tilt (e^{theta m} stays far below the float range for m < n).
+MAX_TILT_SPAN = 600.0
+#: The FFT window of a tilted convolution is this much longer than the Chernoff window:
+#: the mass beyond it that wraps around arrives weighted e^{theta n}, and the extra
+#: length is what lets theta > 0 keep that below WRAP_TAIL.
+TILT_PAD = 0.5
+
+
+def _tilt(law: TermLaw, terms: int, lo: int, n: int, chernoff: "_Chernoff", top_free: bool = False) -> float:
+    """theta of the exponential tilt of :func:`term_sums`' convolutions.
+
+    The FFT's round-off bound is the same on every entry of the sum's law; the P-masses
+    weigh entry m by its likelihood ratio, ~m spacing / t, so over a window of millions of
+    classes (small sigma) the charged P-mass reached 1e-6 per epoch. Convolving
+    a_g e^{theta g} instead (the sum's law times e^{theta m}, exactly) and multiplying
+    back by e^{-theta m} makes the bound on entry m e^{-theta m} times the tilted one,
+    which grows with the tilted total mass E_Q[e^{theta M}]. theta is the largest with
+
+    * that total at most e^2 (a heavy term law allows little) and theta <= 1 / E_Q[M];
+    * the tilted wrap-around from above at most WRAP_TAIL: for some Chernoff exponent
+      theta' > theta, log E[e^{theta' M}] - theta' (lo + n) + theta n <= log WRAP_TAIL
+      (:meth:`_Chernoff.above_tilted` at the window's first entry, its largest), unless
+      nothing lies above the window (``top_free``: it reaches the largest class of the sum);
+    * theta n <= MAX_TILT_SPAN (every factor in range);
+
+    0 (no tilt) where none is positive."""
+    g = np.arange(law.a.size, dtype=np.float64)
+    mean = float(np.sum(law.a * g)) * terms
+    room = (math.log(WRAP_TAIL) - chernoff.log_up + chernoff.theta * (lo + n)) / n
+    wrap = math.inf if top_free else float(np.max(np.minimum(chernoff.theta * (1 - 1e-9), room)))
+    lo_t, hi_t = 0.0, min(1.0 / max(mean, 1.0), MAX_TILT_SPAN / n, wrap)
+    if hi_t <= 0.0:
+        return 0.0
+    if terms * _block_log_mgf(law.a, hi_t) > 2.0:
+        for _ in range(40):
+            mid = 0.5 * (lo_t + hi_t)
+            lo_t, hi_t = (mid, hi_t) if terms * _block_log_mgf(law.a, mid) <= 2.0 else (lo_t, mid)
+        hi_t = lo_t
+    return hi_t
+
+
+def _tilted(vector: np.ndarray, theta: float) -> np.ndarray:
+    if theta == 0.0:
+        return vector
+    return vector * np.exp(theta * np.arange(vector.size, dtype=np.float64))
 
 
 def epoch_lattice(law: TermLaw, steps: int, max_points: int = MAX_LATTICE_POINTS) -> EpochLattice:

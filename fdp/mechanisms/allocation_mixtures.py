@@ -248,7 +248,8 @@ def _saturation(log_top: float) -> float:
 
 
 def _too_heavy(mechanism: Any, steps: int, tail: float) -> str:
+    more = "" if isinstance(mechanism, Gaussian) else " or more jl_projections"
     return (f"{mechanism!r} is too heavy-tailed for random-allocation accounting with steps_per_epoch={steps}: "
             f"a lattice within budget leaves P1-mass {tail:.3g} per epoch beyond its classes (above its top, "
-            f"or two large terms in one epoch; the limit is {TAIL_LIMIT:g}). Use a larger noise_multiplier or "
-            "more jl_projections, or account Poisson sampling instead")
+            f"or two large terms in one epoch; the limit is {TAIL_LIMIT:g}). Use a larger noise_multiplier{more}, "
+            "or account Poisson sampling instead")
