@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from fdp._validation import check_integer
@@ -54,12 +55,24 @@ def clip_factors(norms: tf.Tensor, l2_norm_clip: float, losses: tf.Tensor | None
     depends on that example alone, so dropping it is a clipping to norm 0.
     """
     norms = tf.convert_to_tensor(norms)
-    clip = tf.cast(l2_norm_clip, norms.dtype)
+    clip = clip_constant(l2_norm_clip, norms.dtype)
     finite = tf.math.is_finite(norms)
     if losses is not None:
         finite = tf.logical_and(finite, tf.math.is_finite(tf.cast(losses, norms.dtype)))
     safe = tf.where(finite, norms, tf.zeros_like(norms))
     return tf.where(finite, clip / tf.maximum(safe, clip), tf.zeros_like(norms))
+
+
+def clip_constant(l2_norm_clip: Any, dtype: tf.DType) -> tf.Tensor:
+    """C in ``dtype``, rounded down: the largest value of the dtype not above C (a Python
+    float went through float32 before, so a float64 model clipped at C (1 + 1.5e-8))."""
+    if isinstance(l2_norm_clip, (int, float)):
+        kind = tf.as_dtype(dtype).as_numpy_dtype
+        value = kind(l2_norm_clip)
+        if float(value) > float(l2_norm_clip):
+            value = np.nextafter(value, kind(0))
+        return tf.constant(value, dtype)
+    return tf.cast(l2_norm_clip, dtype)
 
 
 def dropped_count(norms: tf.Tensor, losses: tf.Tensor) -> tf.Tensor:

@@ -28,7 +28,6 @@ Typical use::
 from __future__ import annotations
 
 import sys
-
 from typing import Any
 
 import keras

@@ -112,12 +112,13 @@ def streamed_clipped_sum(
     weight = 1.0 / float(batch)
     # row positions without a shape-dependent op (XLA needs one_hot's depth constant)
     positions = tf.cumsum(tf.ones_like(losses)) - 1.0
+    dtype = _norm_dtype(variables)  # a float64 model's norms and factors in float64, as the losses' may not be
 
     def body(i, acc, norms, factors):
         row = tf.cast(tf.equal(positions, tf.cast(i, losses.dtype)), losses.dtype)  # zeros past the last row
         g = recorded.tape.gradient(losses, list(variables), output_gradients=row, unconnected_gradients=ZERO)
         g = [tf.convert_to_tensor(t) for t in g]
-        norm = tf.reshape(tf.cast(norm_of(g), losses.dtype), [1])
+        norm = tf.reshape(tf.cast(norm_of(g), dtype), [1])
         loss = tf.reshape(tf.gather(tf.concat([losses, tf.zeros([1], losses.dtype)], 0), i), [1])
         factor = clip_factors(norm, l2_norm_clip, loss)
         keep = factor[0] > 0
@@ -125,16 +126,22 @@ def streamed_clipped_sum(
         return i + 1, acc, norms.write(i, norm[0]), factors.write(i, factor[0])
 
     start = [tf.zeros(v.shape, v.dtype) for v in variables]
-    dtype = losses.dtype
     _, summed, norms, factors = tf.while_loop(
         lambda i, *_: i < trips, body,
         (tf.constant(0), start, tf.TensorArray(dtype, size=trips), tf.TensorArray(dtype, size=trips)))
     return summed, norms.stack()[:rows], factors.stack()[:rows]
 
 
+def _norm_dtype(tensors: Sequence[Any]) -> tf.DType:
+    """float64 if any of ``tensors`` (variables or gradients) is, else float32."""
+    return tf.float64 if any(tf.as_dtype(t.dtype) == tf.float64 for t in tensors) else tf.float32
+
+
 def exact_norm(per_example: list[tf.Tensor]) -> tf.Tensor:
-    """||g_i||_2 of one example's gradient (a list over variables)."""
-    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in per_example]))
+    """||g_i||_2 of one example's gradient (a list over variables), in float64 for a float64
+    model (in float32 it is off by ~1e-7 relative, and c_i g_i could exceed C by that)."""
+    dtype = _norm_dtype(per_example)
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.cast(t, dtype))) for t in per_example]))
 
 
 def _clipped_from_per_example(

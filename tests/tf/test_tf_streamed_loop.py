@@ -102,3 +102,29 @@ def test_jl_loop_estimates_from_each_examples_own_projections(mode: str) -> None
     np.testing.assert_allclose(_flat(summed), want, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(factors.numpy(), want_factors, rtol=1e-4)
     assert factors.numpy()[2] < 1e-2 * factors.numpy()[4]  # the far row is clipped much harder
+
+
+def test_a_float64_model_is_clipped_at_float64_precision() -> None:
+    """The exact norm of a float64 model's gradient is taken in float64: in float32 it is
+    off by ~1e-7 relative, so c_i g_i could exceed C by as much (and a norm beyond
+    float32's range would become inf, dropping a row that clipping keeps)."""
+    x, y = dense_data(n=5)
+    x = x.astype("float64") * np.array([[1.0], [10.0], [1e-3], [1e2], [1.0]])
+    model = keras.Sequential([keras.Input((5,), dtype="float64"), keras.layers.Dense(4, dtype="float64"),
+                              keras.layers.Dense(3, dtype="float64")])
+    recorded = record_forward(forward_fn(model, x, y), persistent=True)
+    _, norms, factors = streamed_clipped_sum(recorded, model.trainable_variables, exact_norm, CLIP, BATCH)
+    want = np.array([np.linalg.norm(g) for g in loop_per_example_gradients(model, x, y)])
+    assert norms.dtype == tf.float64
+    np.testing.assert_allclose(norms.numpy(), want, rtol=1e-13)
+    excess = factors.numpy() * want / CLIP - 1
+    assert np.all(excess <= 1e-14), excess  # float64 rounding only
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("clip", [0.05, 0.1, 1.0 / 3.0, 1e-7, 2.0**-20])
+def test_the_clipping_norm_is_rounded_down_into_the_models_dtype(dtype: str, clip: float) -> None:
+    from fdp_tf.clipping import clip_constant
+
+    value = float(clip_constant(clip, tf.as_dtype(dtype)).numpy())
+    assert value <= clip < float(np.nextafter(np.array(value, dtype), np.array(np.inf, dtype)))
