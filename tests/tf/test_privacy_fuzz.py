@@ -65,6 +65,7 @@ FOUND = [
 ]
 
 
+@pytest.mark.slow  # three XLA compilations (~100 s); conv1d under fit_jit: test_every_family_on_a_path
 @pytest.mark.parametrize("seed", FOUND)
 def test_found_cases_are_private_or_refused(seed: int) -> None:
     _assert_private_or_refused(_check(fuzz_models.random_case(seed), ledger=False))
