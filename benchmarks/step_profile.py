@@ -1,8 +1,9 @@
 """Where a private step of the IMDb BiLSTM spends its time and memory, piece by piece.
 
 Each piece is one ``tf.function`` over the same batch, outside ``fit`` (no run-time
-checks, no optimizer): non-DP forward + backward, the layer taps' forward + backward to
-the pre-activations, plus the per-example LSTM kernel gradients, the whole JL(1) step
+checks, no optimizer): non-DP forward + backward, the layer taps' forward pass alone, their
+forward + backward to the pre-activations (on the step's persistent tape, and on a one-shot
+tape), plus the per-example LSTM kernel gradients, the whole JL(1) step
 (noise off and on), the JL(10) step and the exact step. Times are medians of interleaved
 rounds in one process; memory is the peak RSS above the traced state over three calls,
 each piece in its own process. ``--quick`` is a smoke test (4 tokens, batch 4).
@@ -24,8 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-PIECES = ("non-DP", "taps forward+backward", "+ per-example G_i", "JL(1), no noise", "JL(1)", "JL(10)",
-          "exact")
+PIECES = ("non-DP", "taps forward", "taps forward+backward", "taps forward+backward, one-shot tape",
+          "+ per-example G_i", "JL(1), no noise", "JL(1)", "JL(10)", "exact")
 
 
 def _pieces(batch: int, length: int) -> dict:
@@ -55,13 +56,17 @@ def _pieces(batch: int, length: int) -> dict:
             loss = tf.reduce_mean(forward().per_example_losses)
         return [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
 
-    def taps(per_example: bool):
+    def taps(per_example: bool, backward: bool = True, persistent: bool = True):
         def run():
-            with tf.GradientTape(persistent=True) as tape:
+            # the step's tape is persistent (the coverage check, the taps' backward pass and
+            # the regularization each read it); the one-shot variant shows what that costs
+            with tf.GradientTape(persistent=persistent) as tape:
                 tapped = LayerTaps(model, variables, tape)
                 with tapped:
                     result = forward()
             losses = result.per_example_losses
+            if not backward:  # what the forward pass holds: the pre-activations it returns
+                return [t.target for t in tapped.taps]
             if not per_example:
                 return tape.gradient(losses, [t.target for t in tapped.taps], output_gradients=tf.ones_like(losses))
             pieces, _ = tapped.variable_gradients(RecordedForward(tape, result), None)
@@ -78,7 +83,8 @@ def _pieces(batch: int, length: int) -> dict:
                                         expected_batch_size=batch, per_example_method="layerwise",
                                         model=model).gradients
 
-    functions = [non_dp, taps(False), taps(True), jl(1, 0.0), jl(1, 1.0), jl(10, 1.0), exact]
+    functions = [non_dp, taps(False, backward=False), taps(False), taps(False, persistent=False), taps(True),
+                 jl(1, 0.0), jl(1, 1.0), jl(10, 1.0), exact]
     return {name: tf.function(f) for name, f in zip(PIECES, functions)}
 
 

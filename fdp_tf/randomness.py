@@ -34,6 +34,7 @@ __all__ = [
     "NotPrivateWarning",
     "StepRandomness",
     "add_gaussian_noise",
+    "noise_scale",
     "num_replicas",
     "os_entropy_generator",
     "resolve_generator",
@@ -189,8 +190,36 @@ def add_gaussian_noise(
       rng: ``tf.random.Generator``, a :class:`StepRandomness`, or ``None`` (OS entropy).
     """
     draws = step_randomness(rng)
-    share = tf.cast(stddev, tf.float64) / np.sqrt(num_replicas())
     return [
-        g + draws.normal(tf.shape(g), g.dtype, NOISE_STREAM) * tf.cast(share, g.dtype)
+        g + draws.normal(tf.shape(g), g.dtype, NOISE_STREAM) * noise_scale(stddev, g.dtype)
         for g in gradients
     ]
+
+
+#: Unit roundoff eps (2^-p, the spacing of the numbers in [1, 2)) and smallest normal
+#: number of the floating-point dtypes a gradient can have.
+_PRECISION = {tf.float16: (2.0**-10, 2.0**-14), tf.bfloat16: (2.0**-7, 2.0**-126),
+              tf.float32: (2.0**-23, 2.0**-126), tf.float64: (2.0**-52, 2.0**-1022)}
+
+
+def noise_scale(stddev: tf.Tensor | float, dtype: Any) -> tf.Tensor:
+    """One replica's share stddev / sqrt(k) in ``dtype``, rounded up, never down.
+
+    A Python number is taken in float64 (``tf.cast`` of a Python float went through
+    float32 first); the share's float64 roundings (sigma C / B and / sqrt(k), each at most
+    2^-53 relative) are covered by raising it 2^-50, and the round-to-nearest cast into
+    ``dtype`` (at most eps / 2 relative) by raising it two units eps first, so the noise's
+    std is at least what the accountant assumes. A share below the dtype's smallest normal
+    number is raised to it (more noise, never less). Before, a float32 gradient's std was
+    up to 2^-25 relative below sigma C / B for about half of all values."""
+    dtype = tf.as_dtype(dtype)
+    if dtype not in _PRECISION:
+        raise ValueError(f"gradients of dtype {dtype.name} cannot carry the noise; "
+                         f"allowed: {', '.join(d.name for d in _PRECISION)}")
+    eps, smallest = _PRECISION[dtype]
+    exact = tf.constant(stddev, tf.float64) if isinstance(stddev, (int, float)) else tf.cast(stddev, tf.float64)
+    share = exact / np.sqrt(num_replicas()) * (1.0 + 2.0**-50)
+    if dtype != tf.float64:
+        share = share * (1.0 + 2.0 * eps)
+    scaled = tf.cast(share, dtype)
+    return tf.where(share > 0, tf.maximum(scaled, tf.constant(smallest, dtype)), scaled)
