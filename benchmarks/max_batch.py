@@ -6,7 +6,7 @@ batch an optimizer can run on one 16 GB P100: on the TF Privacy tutorial CNN
 (60,000) while DP-SGD-Vanilla stops at 512; on a variant widened by dense layers to
 17.1 M parameters, non-DP 52,000, JL(10) 28,000, JL(30) 25,000 and Vanilla 100.
 
-Here the cap is on the growth of a process's peak resident memory (``ru_maxrss``)
+Here the cap is on the growth of a process's peak resident memory (VmHWM)
 over its size just before the first step (TensorFlow, the model and the batch already
 loaded): every (model, optimizer, batch) runs two steps of ``train_on_batch`` (the
 first traces) in a fresh Python process. The batch doubles until a run exceeds the cap
@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -42,6 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, ROOT)
+
+from training import peak_rss_mib  # noqa: E402  (this directory: the script's, or the loader's)
 
 MNIST_TRAIN = 60_000
 #: The seed's Tables (largest batch on a 16 GB P100).
@@ -129,7 +130,7 @@ def run_one(model_name: str, opt_name: str, batch: int) -> dict[str, Any]:
         warnings.simplefilter("ignore")  # a fixed batch outside fit is booked at rate 1: memory only here
         for _ in range(2):
             trained.train_on_batch(x, y)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    peak = peak_rss_mib()
     return {"growth_mib": peak - before, "seconds": time.perf_counter() - start,
             "parameters": model.count_params()}
 

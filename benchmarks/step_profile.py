@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
+
+from training import peak_rss_mib  # noqa: E402  (this directory: the script's, or the loader's)
 
 PIECES = ("non-DP", "taps forward", "taps forward+backward", "taps forward+backward, one-shot tape",
           "+ per-example G_i", "JL(1), no noise", "JL(1)", "JL(10)", "exact")
@@ -114,10 +115,10 @@ def times(batch: int, length: int, rounds: int) -> dict[str, float]:
 def memory_child(piece: str, batch: int, length: int) -> float:
     f = _pieces(batch, length)[piece]
     f.get_concrete_function()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_mib()
     for _ in range(3):
         _finish(f())
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return peak_rss_mib() - before
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ Every configuration trains through ordinary ``fit`` on ``fdp_tf.poisson_batches`
 step by a callback: the median over ``--steps`` steps after ``--warmup`` steps
 (the first includes tracing), or fewer when ``--max-seconds`` is spent. Each
 configuration runs in a fresh Python process, so its peak resident memory
-(``ru_maxrss``) is its own; the table shows the peak and its growth over the
+(VmHWM: ``ru_maxrss`` would carry the parent's over) is its own; the table shows the peak and its growth over the
 resident size just before ``fit`` (model, data and TensorFlow already loaded).
 The non-DP baseline is a plain ``keras.Model`` compiled with
 ``keras.optimizers.Adam`` (no XLA, like the DP optimizers). TF Privacy's
@@ -61,7 +61,17 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _peak_rss_mib() -> float:
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process image, MiB: Linux's VmHWM, which starts afresh
+    at exec. (ru_maxrss carries the forking parent's peak over into the child: under a
+    parent larger than the child, step_profile.py --memory read 0 growth for every piece.)"""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
@@ -177,7 +187,7 @@ def run_config(model_name: str, opt_name: str, *, batch: int, steps: int, warmup
         "q25": _quantile(measured, 0.25), "q75": _quantile(measured, 0.75),
         "first_step": times[0], "steps_measured": len(measured),
         "mean_batch": statistics.mean(sizes[warmup:len(times)]),
-        "rss_before_mib": rss_before, "peak_rss_mib": _peak_rss_mib(),
+        "rss_before_mib": rss_before, "peak_rss_mib": peak_rss_mib(),
     }
 
 
