@@ -13,8 +13,9 @@ Every configuration trains through ordinary ``fit`` on ``fdp_tf.poisson_batches`
 step by a callback: the median over ``--steps`` steps after ``--warmup`` steps
 (the first includes tracing), or fewer when ``--max-seconds`` is spent. Each
 configuration runs in a fresh Python process, so its peak resident memory
-(VmHWM: ``ru_maxrss`` would carry the parent's over) is its own; the table shows the peak and its growth over the
-resident size just before ``fit`` (model, data and TensorFlow already loaded).
+(VmHWM: ``ru_maxrss`` would carry the parent's over) is its own; the table shows
+the peak and its growth over the resident size just before ``fit`` (model, data and
+TensorFlow already loaded).
 The non-DP baseline is a plain ``keras.Model`` compiled with
 ``keras.optimizers.Adam`` (no XLA, like the DP optimizers). TF Privacy's
 ``DPKerasAdamOptimizer`` is added as a column when ``tensorflow_privacy``

@@ -196,8 +196,8 @@ def add_gaussian_noise(
     ]
 
 
-#: Unit roundoff eps (2^-p, the spacing of the numbers in [1, 2)) and smallest normal
-#: number of the floating-point dtypes a gradient can have.
+#: Machine epsilon (the spacing of the numbers in [1, 2)) and smallest normal number of
+#: the floating-point dtypes a gradient can have.
 _PRECISION = {tf.float16: (2.0**-10, 2.0**-14), tf.bfloat16: (2.0**-7, 2.0**-126),
               tf.float32: (2.0**-23, 2.0**-126), tf.float64: (2.0**-52, 2.0**-1022)}
 
@@ -210,8 +210,8 @@ def noise_scale(stddev: tf.Tensor | float, dtype: Any) -> tf.Tensor:
     2^-53 relative) are covered by raising it 2^-50, and the round-to-nearest cast into
     ``dtype`` (at most eps / 2 relative) by raising it two units eps first, so the noise's
     std is at least what the accountant assumes. A share below the dtype's smallest normal
-    number is raised to it (more noise, never less). Before, a float32 gradient's std was
-    up to 2^-25 relative below sigma C / B for about half of all values."""
+    number is raised to it (more noise, never less). Before, the std of a Python sigma C / B
+    went through float32 and was up to 2^-25 relative below it for about half of all values."""
     dtype = tf.as_dtype(dtype)
     if dtype not in _PRECISION:
         raise ValueError(f"gradients of dtype {dtype.name} cannot carry the noise; "
