@@ -176,7 +176,8 @@ def test_the_plan_coarsens_only_while_two_large_terms_cost_more_than_their_share
     """sigma 1, r = 10, t = 235: the large term is frequent, so the plan doubles the
     spacing (a higher top T0) until two terms above T0 in one epoch cost at most
     PAIRS_SHARE of the refusal limit, and not once more: at half the spacing they would
-    cost more. (It used to stop at a tenth, 32x the bulk's spacing, a 1.33 % bracket.)"""
+    cost more. (It used to stop at a tenth: 4x the spacing, a 1.31 % bracket;
+    benchmarks/allocation_charge.py --pairs prints the charge per doubling.)"""
     from fdp.mechanisms import allocation_mixtures as am
 
     mechanism = fdp.JL(noise_multiplier=1.0, jl_projections=10)
@@ -191,7 +192,7 @@ def test_the_plan_coarsens_only_while_two_large_terms_cost_more_than_their_share
 
 @pytest.mark.slow
 def test_a_frequent_large_term_keeps_a_narrow_bracket() -> None:
-    """sigma 1, r = 10, t = 235, 10 epochs (~12 s): under 0.5 % wide (1.33 % when the
+    """sigma 1, r = 10, t = 235, 10 epochs (~12 s): under 0.5 % wide (1.31 % when the
     plan coarsened until two large terms cost a tenth of the limit)."""
     epoch = fdp.RandomAllocation(fdp.JL(noise_multiplier=1.0, jl_projections=10), steps_per_epoch=235)
     lower, upper = fdp.PLDAccountant().compose(epoch, steps=10).get_epsilon_bounds(1e-5)

@@ -145,3 +145,6 @@ def test_the_charge_benchmark_quick_runs(capsys: pytest.CaptureFixture[str]) -> 
     assert module.main(["--quick"]) == 0
     row = capsys.readouterr().out.splitlines()[-1].split("|")
     assert row[1].strip() == "0.6" and row[3].strip() == "linear" and 0 < float(row[4]) < 1e-5
+    assert module.main(["--pairs"]) == 0
+    plan_rows = [line for line in capsys.readouterr().out.splitlines() if "(the plan)" in line]
+    assert len(plan_rows) == 2 and all(line.split("|")[7].strip() == "yes" for line in plan_rows)

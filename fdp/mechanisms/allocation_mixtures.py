@@ -56,7 +56,7 @@ TAIL_LIMIT = 1e-9
 #: Share of ``TAIL_LIMIT`` that two large terms in one epoch may take before the plan
 #: coarsens the spacing (a higher top T0): a coarser spacing widens every epoch's bracket,
 #: while what is charged at +inf only adds to delta (sigma 1, r 10, t 235, 10 epochs: a
-#: tenth gave a 1.33 % wide epsilon bracket, 0.9 gives 0.18 %; benchmarks/RESULTS.md).
+#: tenth gave a 1.31 % wide epsilon bracket, 0.9 gives 0.18 %; benchmarks/RESULTS.md).
 PAIRS_SHARE = 0.9
 #: Lattice spacing as a fraction of the sd of one epoch's likelihood ratio S / t (one term
 #: cut where its P1 tail is BULK_TAIL).
