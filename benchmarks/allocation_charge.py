@@ -3,7 +3,7 @@
 For the Gaussian step at small noise multipliers, the epoch's upper (pessimistic) pair puts
 at +inf what its lattice cannot place: the tail above the top, and the round-off of the
 FFT convolutions, which the remove direction weighs by the classes' likelihood ratios.
-The convolutions are exponentially tilted (``fdp.mechanisms.allocation_lattice._tilt``);
+The convolutions are exponentially tilted (``fdp.mechanisms.allocation_fft.tilt_exponent``);
 ``--untilted`` also builds each lattice with the tilt off, for comparison. Each epoch's
 charge adds to delta, so it bounds the smallest delta with a finite upper epsilon.
 
@@ -76,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.pairs:
         pairs_table()
         return 0
-    import fdp.mechanisms.allocation_lattice as lattice
+    import fdp.mechanisms.allocation_fft as lattice_fft
 
     settings = [(0.6, 10)] if args.quick else [(s, t) for s in SIGMAS for t in STEPS]
     print("| sigma | t | route | P-mass at +inf per epoch | untilted | s |")
     print("|---|---|---|---|---|---|")
-    tilt = lattice._tilt
+    tilt = lattice_fft.tilt_exponent
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for sigma, t in settings:
@@ -89,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             route, charged = _charge(sigma, t)
             flat = "—"
             if args.untilted:
-                lattice._tilt = lambda *a, **k: 0.0
+                lattice_fft.tilt_exponent = lambda *a, **k: 0.0
                 try:
                     flat = f"{_charge(sigma, t)[1]:.2g}"
                 finally:
-                    lattice._tilt = tilt
+                    lattice_fft.tilt_exponent = tilt
             print(f"| {sigma} | {t} | {route} | {charged:.2g} | {flat} | {time.perf_counter() - start:.1f} |",
                   flush=True)
     return 0

@@ -221,7 +221,7 @@ def test_sampling_page_runs_and_prints_what_it_shows() -> None:
 
 def test_sampling_benchmark_quick_runs(tmp_path) -> None:
     """benchmarks/sampling.py --quick: one setting, both schemes, a JSON row; one DP-SGD-JL
-    setting, random allocation of JL below Poisson JL."""
+    setting, random allocation of JL below Poisson JL; one of k = 2 steps per example."""
     import subprocess
     import sys
     from pathlib import Path
@@ -237,6 +237,8 @@ def test_sampling_benchmark_quick_runs(tmp_path) -> None:
     assert "| quick: sigma 2, t 11, 3 epochs | 11 |" in proc.stdout
     (jl,) = tables["dpsgd_jl"]
     assert jl["r"] == 30 and jl["allocation"][0] <= jl["allocation"][1] < jl["poisson"][0]
+    (selected,) = tables["selected"]  # k = 2: the class sum's lower bound beats the outputs' sum
+    assert selected["k"] == 2 and selected["outputs_sum_lower"] < selected["bracket"][0] <= selected["bracket"][1]
 
 
 def test_cli_curves_compare_poisson_and_random_allocation(capsys: pytest.CaptureFixture[str]) -> None:

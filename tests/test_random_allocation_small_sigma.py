@@ -17,9 +17,11 @@ import pytest
 import scipy.fft
 
 import fdp
+import fdp.mechanisms.allocation_fft as fft_module
 import fdp.mechanisms.allocation_lattice as lattice_module
 import fdp.mechanisms.random_allocation as ra
-from fdp.mechanisms.allocation_lattice import U, _Chernoff, _tilt, term_sums
+from fdp.mechanisms.allocation_fft import Chernoff, tilt_exponent
+from fdp.mechanisms.allocation_lattice import U, term_sums
 from fdp.mechanisms.allocation_terms import gaussian_term_law
 from fdp.pld.cells import Direction
 from test_random_allocation import _two_step_delta, check_monte_carlo_delta
@@ -38,10 +40,10 @@ def _exact_sums(a: np.ndarray, b: np.ndarray, terms: int) -> tuple[np.ndarray, n
 def test_tilted_term_sums_bracket_the_exact_convolution() -> None:
     law = gaussian_term_law(1 / 0.8, 0.05, 400)
     terms = 6
-    chernoff = _Chernoff.of(law, terms)
-    lo, hi = chernoff.window(lattice_module.WRAP_TAIL)
-    n = scipy.fft.next_fast_len(int((hi - lo) * (1 + lattice_module.TILT_PAD)) + 1, real=True)
-    assert _tilt(law, terms, lo, n, chernoff) > 0  # the tilted path is what is checked
+    chernoff = Chernoff.of(law, terms)
+    lo, hi = chernoff.window(fft_module.WRAP_TAIL)
+    n = scipy.fft.next_fast_len(int((hi - lo) * (1 + fft_module.TILT_PAD)) + 1, real=True)
+    assert tilt_exponent(law, terms, lo, n, chernoff) > 0  # the tilted path is what is checked
     sums = term_sums(law, terms)
     q_exact, rho_exact = _exact_sums(law.a, law.b_lo, terms)
     m = sums.m.astype(int)
@@ -54,7 +56,7 @@ def test_tilted_term_sums_bracket_the_exact_convolution() -> None:
 
 def _charged_with_and_without_tilt(monkeypatch: pytest.MonkeyPatch, build) -> tuple[float, float]:
     tilted = build()
-    monkeypatch.setattr(lattice_module, "_tilt", lambda *args: 0.0)
+    monkeypatch.setattr(fft_module, "tilt_exponent", lambda *args: 0.0)
     flat = build()
     return (lattice_module.pessimistic_atoms(tilted, Direction.REMOVE)[2],
             lattice_module.pessimistic_atoms(flat, Direction.REMOVE)[2])

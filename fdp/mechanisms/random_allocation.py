@@ -85,8 +85,8 @@ class RandomAllocation(Mechanism):
       steps_per_epoch: t in [1, 10^6].
       selected: steps each example is used in per epoch, k in [1, t]; k = 1 is "balls in
         bins". k > 1 (Gaussian step only) is bounded above by k blocks of 1-of-t/k and
-        below by the sum of the epoch's outputs (:mod:`fdp.mechanisms.allocation_selected`):
-        exact at k = t, wider than k = 1's bracket at sigma near 1.
+        below by a statistic of the epoch's outputs (:mod:`fdp.mechanisms.allocation_selected`):
+        within 0.2 % at sigma 1, t 469, k 2 over 60 epochs, wider at small t.
 
     Raises:
       ValueError: another mechanism or a sampling_rate other than 1, t or k out of range,
@@ -250,7 +250,9 @@ class RandomAllocation(Mechanism):
 
 @functools.lru_cache(maxsize=16)
 def _blocks(step: Gaussian, steps: int, selected: int) -> tuple[tuple[Mechanism, int], ...]:
-    return epoch_blocks(step, steps, selected, lambda m: RandomAllocation(step, steps_per_epoch=m))
+    mu = 1.0 / step.noise_multiplier
+    lattice = _plan(mu, steps) if _linear(mu, steps) else None  # the class sum's, else the outputs' sum
+    return epoch_blocks(step, steps, selected, lambda m: RandomAllocation(step, steps_per_epoch=m), lattice)
 
 
 @functools.lru_cache(maxsize=64)
