@@ -4,7 +4,10 @@ Each piece is one ``tf.function`` over the same batch, outside ``fit`` (no run-t
 checks, no optimizer): non-DP forward + backward, the layer taps' forward pass alone, their
 forward + backward to the pre-activations (on the step's persistent tape, and on a one-shot
 tape), plus the per-example LSTM kernel gradients, the whole JL(1) step
-(noise off and on), the JL(10) step and the exact step. Times are medians of interleaved
+(noise off and on), the JL(10) step and the exact step, and the next design for JL(1): a
+tangent pass in forward mode through the LSTM loops (:mod:`fdp_tf.recurrent_tangents`) alone,
+and followed by an ordinary taped forward + backward pass for the clipped sum (not yet an
+optimizer's method: no run-time checks, no seed replay). Times are medians of interleaved
 rounds in one process; memory is the peak RSS above the traced state over three calls,
 each piece in its own process. ``--quick`` is a smoke test (4 tokens, batch 4).
 
@@ -27,7 +30,8 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 from training import peak_rss_mib  # noqa: E402  (this directory: the script's, or the loader's)
 
 PIECES = ("non-DP", "taps forward", "taps forward+backward", "taps forward+backward, one-shot tape",
-          "+ per-example G_i", "JL(1), no noise", "JL(1)", "JL(10)", "exact")
+          "+ per-example G_i", "JL(1), no noise", "JL(1)", "JL(10)", "exact",
+          "tangent pass (forward mode through the LSTM)", "JL(1), tangent pass + taped pass")
 
 
 def _pieces(batch: int, length: int) -> dict:
@@ -35,10 +39,12 @@ def _pieces(batch: int, length: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from fdp_tf.forward import ForwardPass, RecordedForward
-    from fdp_tf.jl import layerwise_jl_gradient
+    from fdp_tf.clipping import clip_factors, clipped_gradient, release
+    from fdp_tf.forward import ForwardPass, RecordedForward, record_forward
+    from fdp_tf.jl import jl_norms, layerwise_jl_gradient, sample_directions
     from fdp_tf.layerwise import LayerTaps
     from fdp_tf.per_example import vanilla_private_gradient
+    from fdp_tf.recurrent_tangents import tangent_projections
     from imdb_lstm import VOCAB, build_model
 
     rng = np.random.default_rng(0)
@@ -84,8 +90,20 @@ def _pieces(batch: int, length: int) -> dict:
                                         expected_batch_size=batch, per_example_method="layerwise",
                                         model=model).gradients
 
+    def tangent_pass():
+        return tangent_projections(forward, variables, model, [d[0] for d in sample_directions(variables, 1)])
+
+    def jl_two_passes():
+        norms = jl_norms(tangent_pass()[:, None])
+        with tf.control_dependencies([norms]):  # the taped pass after the tangent pass: their peaks do not add
+            recorded = record_forward(forward)
+        factors = clip_factors(norms, 1.0, recorded.forward.per_example_losses)
+        clipped = clipped_gradient(recorded, variables, factors, batch)
+        return release(clipped, recorded, norms, factors, l2_norm_clip=1.0, noise_multiplier=1.0,
+                       expected_batch_size=batch, rng=None).gradients
+
     functions = [non_dp, taps(False, backward=False), taps(False), taps(False, persistent=False), taps(True),
-                 jl(1, 0.0), jl(1, 1.0), jl(10, 1.0), exact]
+                 jl(1, 0.0), jl(1, 1.0), jl(10, 1.0), exact, tangent_pass, jl_two_passes]
     return {name: tf.function(f) for name, f in zip(PIECES, functions)}
 
 
