@@ -84,8 +84,8 @@ class RecurrentTangents:
     ``accumulator`` (one direction) through their loop (module docstring).
 
     ``tangent_of`` maps ``id(variable)`` to its direction; ``seed`` is the scalar 0 the
-    accumulator watches with tangent 1. ``failure`` says why a call could not be handled
-    (the layer then runs as Keras's, and forward mode fails on its loop)."""
+    accumulator watches with tangent 1. Other recurrent layers (:func:`lstm_tangent_support`
+    says why) run as Keras's, and TensorFlow's forward mode then fails on their loop."""
 
     def __init__(self, model: Any, accumulator: tf.autodiff.ForwardAccumulator, tangent_of: dict[int, tf.Tensor],
                  seed: tf.Tensor) -> None:

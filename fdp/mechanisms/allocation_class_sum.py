@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from fdp.mechanisms._atoms import atom_cells
+from fdp.mechanisms._atoms import atom_cells, atom_loss_range
 from fdp.mechanisms.allocation_fft import MAX_LATTICE_POINTS, fft_window, power_product, spectrum, tilted
 from fdp.mechanisms.allocation_lattice import loss_error, term_sums
 from fdp.mechanisms.allocation_terms import TermLaw, gaussian_term_law
@@ -172,14 +172,7 @@ class ClassSumEpoch(Mechanism):
         return atom_cells(grid, losses, masses, loss_error=loss_error(losses))
 
     def loss_range(self, direction: Direction, tail_mass: float) -> tuple[float, float]:
-        losses, masses = self.atoms(direction)
-        if losses.size == 0:
-            return 0.0, 0.0
-        order = np.argsort(losses)
-        cum = np.cumsum(masses[order])
-        first = min(int(np.searchsorted(cum, tail_mass, side="right")), losses.size - 1)
-        last = min(int(np.searchsorted(cum, cum[-1] - tail_mass, side="left")), losses.size - 1)
-        return float(losses[order][first]), float(losses[order][last])
+        return atom_loss_range(*self.atoms(direction), tail_mass)
 
     def tradeoff(self):
         """The exact curve of the dominated pair of M (above the epoch's true curve)."""
