@@ -4,14 +4,14 @@ Each piece is one ``tf.function`` over the same batch, outside ``fit`` (no run-t
 checks, no optimizer): non-DP forward + backward, the layer taps' forward pass alone, their
 forward + backward to the pre-activations (on the step's persistent tape, and on a one-shot
 tape), plus the per-example LSTM kernel gradients, the whole JL(1) step
-(noise off and on), the JL(10) step and the exact step, and the next design for JL(1): a
-tangent pass in forward mode through the LSTM loops (:mod:`fdp_tf.recurrent_tangents`) alone,
-and followed by an ordinary taped forward + backward pass for the clipped sum (not yet an
-optimizer's method: no run-time checks, no seed replay). Times are medians of interleaved
+(noise off and on), the JL(10) step and the exact step, and JL(1) in forward mode
+(``jvp_method="forward"``): the tangent pass through the LSTM loops
+(:mod:`fdp_tf.recurrent_tangents`) alone, and the whole step, the tangent pass followed by
+an ordinary taped forward + backward pass for the clipped sum. Times are medians of interleaved
 rounds in one process; memory is the peak RSS above the traced state over three calls,
 each piece in its own process. ``--quick`` is a smoke test (4 tokens, batch 4).
 
-    python benchmarks/step_profile.py [--batch-size 64] [--rounds 15] [--memory]
+    python benchmarks/step_profile.py [--batch-size 64] [--rounds 15] [--memory] [--only JL tangent]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from training import peak_rss_mib  # noqa: E402  (this directory: the script's, 
 
 PIECES = ("non-DP", "taps forward", "taps forward+backward", "taps forward+backward, one-shot tape",
           "+ per-example G_i", "JL(1), no noise", "JL(1)", "JL(10)", "exact",
-          "tangent pass (forward mode through the LSTM)", "JL(1), tangent pass + taped pass")
+          "tangent pass (forward mode through the LSTM)", "JL(1) in forward mode: tangent pass + taped pass")
 
 
 def _pieces(batch: int, length: int) -> dict:
@@ -39,9 +39,8 @@ def _pieces(batch: int, length: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from fdp_tf.clipping import clip_factors, clipped_gradient, release
-    from fdp_tf.forward import ForwardPass, RecordedForward, record_forward
-    from fdp_tf.jl import jl_norms, layerwise_jl_gradient, sample_directions
+    from fdp_tf.forward import ForwardPass, RecordedForward
+    from fdp_tf.jl import jl_private_gradient, layerwise_jl_gradient, sample_directions
     from fdp_tf.layerwise import LayerTaps
     from fdp_tf.per_example import vanilla_private_gradient
     from fdp_tf.recurrent_tangents import tangent_projections
@@ -91,16 +90,11 @@ def _pieces(batch: int, length: int) -> dict:
                                         model=model).gradients
 
     def tangent_pass():
-        return tangent_projections(forward, variables, model, [d[0] for d in sample_directions(variables, 1)])
+        return tangent_projections(forward, variables, model, [d[0] for d in sample_directions(variables, 1)])[0]
 
     def jl_two_passes():
-        norms = jl_norms(tangent_pass()[:, None])
-        with tf.control_dependencies([norms]):  # the taped pass after the tangent pass: their peaks do not add
-            recorded = record_forward(forward)
-        factors = clip_factors(norms, 1.0, recorded.forward.per_example_losses)
-        clipped = clipped_gradient(recorded, variables, factors, batch)
-        return release(clipped, recorded, norms, factors, l2_norm_clip=1.0, noise_multiplier=1.0,
-                       expected_batch_size=batch, rng=None).gradients
+        return jl_private_gradient(forward, variables, l2_norm_clip=1.0, noise_multiplier=1.0, jl_projections=1,
+                                   expected_batch_size=batch, jvp_method="forward", model=model).gradients
 
     functions = [non_dp, taps(False, backward=False), taps(False), taps(False, persistent=False), taps(True),
                  jl(1, 0.0), jl(1, 1.0), jl(10, 1.0), exact, tangent_pass, jl_two_passes]
@@ -115,10 +109,10 @@ def _finish(out) -> None:
             t.numpy()
 
 
-def times(batch: int, length: int, rounds: int) -> dict[str, float]:
+def times(batch: int, length: int, rounds: int, names: list[str]) -> dict[str, float]:
     import numpy as np
 
-    functions = _pieces(batch, length)
+    functions = {name: f for name, f in _pieces(batch, length).items() if name in names}
     for f in functions.values():
         _finish(f())
     seconds: dict[str, list[float]] = {name: [] for name in functions}
@@ -146,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--memory", action="store_true", help="also the peak memory, one process per piece")
     parser.add_argument("--quick", action="store_true", help="smoke test: 4 tokens, batch 4, 2 rounds")
+    parser.add_argument("--only", nargs="+", default=[],
+                        help="only the pieces whose names contain one of these (non-DP always runs)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -153,10 +149,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.quick:
         args.batch_size, args.length, args.rounds = 4, 4, 2
-    result = times(args.batch_size, args.length, args.rounds)
+    names = [p for p in PIECES if p == "non-DP" or not args.only or any(o in p for o in args.only)]
+    result = times(args.batch_size, args.length, args.rounds, names)
     memory: dict[str, float] = {}
     if args.memory:
-        for piece in PIECES:
+        for piece in names:
             out = subprocess.run([sys.executable, __file__, "--child", piece, "--batch-size", str(args.batch_size),
                                   "--length", str(args.length)], capture_output=True, text=True, check=True,
                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))

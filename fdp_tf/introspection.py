@@ -6,11 +6,11 @@ Only public attributes are used: ``Model.layers``, ``Wrapper.layer``,
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import keras
 
-__all__ = ["iter_layers", "looped_rnn_layers"]
+__all__ = ["iter_layers", "looped_rnn_layers", "seed_states"]
 
 
 def iter_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
@@ -42,3 +42,13 @@ def looped_rnn_layers(model: keras.layers.Layer) -> list[keras.layers.Layer]:
         for layer in iter_layers(model)
         if isinstance(layer, keras.layers.RNN) and not getattr(layer, "unroll", False)
     ]
+
+
+def seed_states(model: Any) -> list[Any]:
+    """The state of every Keras ``SeedGenerator`` of ``model``: its variables that are not
+    weights (``Layer.variables`` includes seed states, ``Layer.weights`` does not).
+    Assigning them their earlier values makes the next pass draw the same dropout masks."""
+    if model is None:
+        return []
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights and "int" in str(v.dtype)]

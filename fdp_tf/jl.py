@@ -45,6 +45,7 @@ from fdp_tf.forward import (
 from fdp_tf.layerwise import layerwise_pieces, layerwise_projections, reconstructed_sum
 from fdp_tf.per_example import streamed_clipped_sum
 from fdp_tf.randomness import DIRECTIONS_STREAM, step_randomness
+from fdp_tf.recurrent_tangents import recorded_tangent_projections, tangent_unsupported
 
 __all__ = [
     "double_vjp_projections",
@@ -188,6 +189,7 @@ def jl_norm_estimates(
     rng: Any = None,
     jvp_method: str = "forward",
     directions: Sequence[tf.Tensor] | None = None,
+    model: Any = None,
 ) -> tuple[RecordedForward, tf.Tensor]:
     """Record one forward pass and estimate every ||g_i|| by M_i (Alg. 1, l. 6-11).
 
@@ -198,7 +200,11 @@ def jl_norm_estimates(
       rng: generator (or step randomness) for the directions; ``None``: OS entropy.
       jvp_method: ``"forward"``, ``"double_vjp"``, or ``"auto"`` (forward mode, and
         the double vjp where forward mode cannot pass through a loop of the model).
+        Forward mode through a model whose loops are all plain Keras LSTM, GRU or
+        SimpleRNN layers carries the tangent in the loops, then records a second pass for
+        the clipped sum (r = 1, :func:`fdp_tf.recurrent_tangents.recorded_tangent_projections`).
       directions: fixed directions (list of ``[r, *shape]``), for tests.
+      model: the Keras model ``forward_fn`` runs (needed for forward mode through its loops).
 
     Returns:
       ``(recorded, M)`` with the recorded pass (tape persistent for the
@@ -210,6 +216,9 @@ def jl_norm_estimates(
         raise ValueError(
             f"jvp_method must be 'forward', 'double_vjp' or 'auto'; got {jvp_method!r}"
         )
+    if jvp_method in ("forward", "auto") and model is not None and tangent_unsupported(model) is None:
+        recorded = recorded_tangent_projections(forward_fn, variables, model, directions)
+        return recorded, jl_norms(recorded.projections)
     if jvp_method in ("forward", "auto"):
         try:
             recorded = forward_mode_projections(forward_fn, variables, directions)
@@ -258,7 +267,8 @@ def jl_private_gradient(
       jvp_method: ``"layerwise"`` (needs ``model``; see :func:`layerwise_jl_gradient`),
         ``"forward"``, ``"double_vjp"``, ``"loop"`` (exact per-example gradients, one
         backward pass per example: see :func:`loop_jl_clipped`) or ``"auto"``.
-      model: the Keras model run by ``forward_fn`` (for ``"layerwise"``).
+      model: the Keras model run by ``forward_fn`` (for ``"layerwise"``, and for forward
+        mode through its recurrent loops).
     """
     batch = check_batch_size(expected_batch_size)
     draws = step_randomness(rng)
@@ -277,7 +287,7 @@ def jl_private_gradient(
         clipped = plus_regularization(clipped, recorded, variables)
     else:
         recorded, norms = jl_norm_estimates(
-            forward_fn, variables, jl_projections, rng=draws, jvp_method=jvp_method
+            forward_fn, variables, jl_projections, rng=draws, jvp_method=jvp_method, model=model
         )
         factors = clip_factors(norms, l2_norm_clip, recorded.forward.per_example_losses)
         clipped = clipped_gradient(recorded, variables, factors, batch)

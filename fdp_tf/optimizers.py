@@ -46,6 +46,7 @@ from fdp_tf.layerwise import layerwise_unsupported
 from fdp_tf.ledger import Segment
 from fdp_tf.odometer import Booking
 from fdp_tf.per_example import vanilla_private_gradient
+from fdp_tf.recurrent_tangents import tangent_unsupported
 from fdp_tf.randomness import (StepRandomness, _Holder, num_replicas, os_entropy_generator, secret_key,
                                seeded_generator)
 from fdp_tf.verify import verified_private_gradient
@@ -365,8 +366,12 @@ class _JLMixin(DPOptimizer):
         taps). Otherwise ``"layerwise"`` when every trainable variable belongs to a
         layer the taps handle (Dense, Conv1D/2D, Embedding, LSTM, GRU, SimpleRNN, also
         inside Bidirectional): one forward and one backward pass for any r, through
-        Keras's RNN loops too. Otherwise forward mode for r = 2 inside ``tf.function``
-        (nested accumulators fail eagerly) when no looped RNN is in the way, else the
+        Keras's RNN loops too. Otherwise, for r = 1 when every loop is a plain Keras
+        LSTM, GRU or SimpleRNN, forward mode with the tangent carried through the loops and a second, taped
+        pass for the clipped sum (:mod:`fdp_tf.recurrent_tangents`; ``jvp_method="forward"``
+        asks for it on any such model: the least memory, about non-DP's, and slower than
+        the taps). Otherwise forward mode for r = 2 inside ``tf.function`` (nested
+        accumulators fail eagerly) when no looped RNN is in the way, else the
         double-vjp trick, about one extra backward pass per direction; a looped RNN on
         that route warns once, naming the layer.
         """
@@ -378,6 +383,8 @@ class _JLMixin(DPOptimizer):
             return "auto"  # forward mode, or the double vjp if the trace meets another loop
         if model is not None and layerwise_unsupported(model) is None:
             return "layerwise"
+        if looped and self.jl_projections == 1 and tangent_unsupported(model) is None:
+            return "auto"  # forward mode carried through the loops, then a taped pass
         if looped:
             _warn_double_vjp(model, looped)
             return "double_vjp"

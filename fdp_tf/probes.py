@@ -48,7 +48,7 @@ import keras
 import tensorflow as tf
 
 from fdp_tf.forward import ZERO, ForwardFn, ForwardPass, record_forward
-from fdp_tf.introspection import looped_rnn_layers
+from fdp_tf.introspection import looped_rnn_layers, seed_states
 from fdp_tf.jl import jl_norm_estimates
 from fdp_tf.layerwise import (
     layerwise_norms,
@@ -112,15 +112,6 @@ def one_loss_per_row(losses: tf.Tensor, inputs: Any) -> tf.Tensor:
         return losses
     return gated([losses], refuse_unless(tf.equal(tf.shape(losses, out_type=tf.int64)[0], tf.cast(rows, tf.int64)),
                                          ONE_LOSS_PER_ROW))[0]
-
-
-def seed_states(model: Any) -> list[Any]:
-    """The state of every Keras ``SeedGenerator`` of ``model``: its variables that are not
-    weights (``Layer.variables`` includes seed states, ``Layer.weights`` does not)."""
-    if model is None:
-        return []
-    weights = {id(w) for w in model.weights}
-    return [v for v in model.variables if id(v) not in weights and "int" in str(v.dtype)]
 
 
 class Signature(NamedTuple):
@@ -221,7 +212,8 @@ def method_check(kind: str, method: str, variables: Sequence[Any], model: Any) -
         return tf.logical_and(consistent, _vectors_agree(total, weighted_truth(record_forward(forward_fn), w)))
 
     def jl(forward_fn: ForwardFn) -> tf.Tensor:
-        recorded, _ = jl_norm_estimates(forward_fn, variables, 1, jvp_method=method, directions=direction)
+        recorded, _ = jl_norm_estimates(forward_fn, variables, 1, jvp_method=method, directions=direction,
+                                         model=model)
         w = _weights(recorded.forward.per_example_losses)
         mine = tf.reduce_sum(tf.cast(w * recorded.projections[:, 0], tf.float64))
         scale = tf.reduce_sum(tf.abs(tf.cast(w * recorded.projections[:, 0], tf.float64)))

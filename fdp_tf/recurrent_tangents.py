@@ -1,97 +1,98 @@
-"""Forward mode through Keras's LSTM loops: the JL projections in a tangent pass.
+"""Forward mode through Keras's recurrent loops: the JL projections in a tangent pass.
 
 TensorFlow's forward-mode autodiff (``tf.autodiff.ForwardAccumulator``) cannot pass
-through a ``tf.while_loop`` ("dtype variant is not compatible"), so a Keras LSTM with
-``unroll=False`` stops it. While :class:`RecurrentTangents` is active, every plain
-Keras LSTM of the model (also inside Bidirectional) runs an equivalent loop that carries
-the tangent beside the state, one step at a time (the jvp of Keras's LSTM cell, gates
-i, f, g, o in Keras's order):
+through a ``tf.while_loop`` ("dtype variant is not compatible"), so a Keras LSTM, GRU or
+SimpleRNN with ``unroll=False`` stops it. While :class:`RecurrentTangents` is active, each
+such layer (also inside Bidirectional, stacked, masked, with an initial state) runs an
+equivalent loop that carries the tangent beside the state. For the step function
+s_t = F(s_{t-1}, X_t; U) of the cell (LSTM: s = (h, c); GRU, SimpleRNN: s = h), with
+X_t = x_t K + b the input projection of every step, computed before the loop:
 
-    z_t  = x_t K + h_{t-1} U + b,                 zd_t = xd_t K + x_t V_K + hd_{t-1} U + h_{t-1} V_U + V_b
-    i, f, o = sigmoid(z_i, z_f, z_o),  g = tanh(z_g);   di = i (1 - i) zd_i, ..., dg = (1 - g^2) zd_g
-    c_t  = f c_{t-1} + i g,                        cd_t = df c_{t-1} + f cd_{t-1} + di g + i dg
-    h_t  = o tanh(c_t),                            hd_t = do tanh(c_t) + o (1 - tanh(c_t)^2) cd_t
+    Xd_t = xd_t K + x_t V_K + V_b                                   (outside the loop)
+    sd_t = dF/ds . sd_{t-1} + dF/dX . Xd_t + dF/dU . V_U            (inside the loop)
 
-with (V_K, V_U, V_b) the layer's share of the direction v and xd the tangent of its input,
-read from the accumulator. The loop itself is hidden from the accumulator (its inputs
-enter through ``tf.stop_gradient``); its output re-enters as out + s * hd, where s = 0 is
-a scalar the accumulator watches with tangent 1: the primal is out, the tangent hd. The
-layers around it (Embedding, Dense, the loss) are differentiated by the accumulator as
-usual, so ``acc.jvp(losses)`` is P_i = <grad l_i, v> for every example, with no tape
-(:func:`tangent_projections`). On the seed's BiLSTM the pass takes 2.4-2.9x the time of
-the model's ordinary forward pass (benchmarks/step_profile.py).
+where (V_K, V_U, V_b) is the layer's share of the direction v and xd the tangent of its
+input. The jvp of the step is taken by a ``ForwardAccumulator`` opened inside the loop
+body over (s_{t-1}, X_t, U): it differentiates the same cell step the layer taps re-run
+(:func:`fdp_tf.layerwise.recurrent.cell_step`, Keras's equations and gate order), so every
+recurrence kind, activation and masking convention the taps handle gets its tangent from
+one code path, and a masked step keeps state and tangent alike.
+
+The loop itself is hidden from the outer accumulator (its inputs enter through
+``tf.stop_gradient``); its outputs re-enter as out + s * out_dot, where s = 0 is a scalar
+the outer accumulator watches with tangent 1: the primal is out, the tangent out_dot. The
+layers around the loops (Embedding, Dense, the loss) are differentiated by the outer
+accumulator as usual, so ``acc.jvp(losses)`` is P_i = <grad l_i, v> for every example,
+with no tape (:func:`tangent_projections`).
 
 The pass records nothing for a backward pass: the clipped sum comes from a second,
-ordinary forward and backward pass (benchmarks/step_profile.py measures the pair on the
-seed's BiLSTM: peak memory 1.15-1.23x a non-private step at B = 256 and 64, where the
-layer taps hold 3.1-3.2x; time 1.9-2.3x, where the taps take 1.4-1.6x).
-Not yet a ``jvp_method`` of the optimizers: that needs the second pass to see the same
-randomness as the first (the Keras seed states reset between them, as
-:mod:`fdp_tf.probes` does) and the run-time method check of :mod:`fdp_tf.verify`.
+ordinary forward and backward pass (:func:`recorded_tangent_projections`, the JL optimizers'
+``jvp_method="forward"`` for r = 1 on a model with recurrent loops). Both passes start from
+the same state of every Keras ``SeedGenerator``, so they draw the same dropout masks, and a
+row whose loss differs between them gets no estimate (its norm is NaN: the step drops it,
+a clipping to 0). No per-step, per-example tensor outlives the pass, so the step's memory
+is about a non-private step's (benchmarks/step_profile.py); it takes more time than the
+layer taps, which read everything from one pass.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import keras
 import tensorflow as tf
 
-from fdp_tf.forward import ForwardFn, raw_variables
-from fdp_tf.introspection import iter_layers
+from fdp_tf.forward import ZERO, ForwardFn, RecordedForward, raw_variables, record_forward
+from fdp_tf.introspection import looped_rnn_layers, seed_states
+from fdp_tf.layerwise.recurrent import cell_step, initial_states, recurrent_outputs, split_bias, time_major_mask
+from fdp_tf.layerwise.support import tap_kind
 
-__all__ = ["RecurrentTangents", "lstm_tangent_support", "tangent_projections"]
+__all__ = ["RecurrentTangents", "recorded_tangent_projections", "tangent_projections", "tangent_support",
+           "tangent_unsupported"]
+
+#: two passes' losses of a row agree to this (the loop's products are ordered unlike Keras's)
+LOSS_RTOL = 1e-4
+RECURRENT_KINDS = ("lstm", "gru", "simple_rnn")
 
 
-def lstm_tangent_support(layer: Any) -> str | None:
-    """None if :class:`RecurrentTangents` handles ``layer`` (a plain Keras LSTM), else why not."""
-    if type(layer) is not keras.layers.LSTM or type(layer.cell) is not keras.layers.LSTMCell:
-        return f"layer {layer.name!r} is not a plain keras.layers.LSTM"
-    cell = layer.cell
-    if cell.activation is not keras.activations.tanh or cell.recurrent_activation is not keras.activations.sigmoid:
-        return f"LSTM {layer.name!r} has activations other than tanh and sigmoid"
-    if layer.stateful or layer.return_state or cell.dropout or cell.recurrent_dropout:
-        return f"LSTM {layer.name!r} is stateful, returns its state or uses dropout"
+def tangent_support(layer: Any) -> str | None:
+    """None if :class:`RecurrentTangents` carries tangents through ``layer``'s loop (a plain
+    Keras LSTM, GRU or SimpleRNN without cell dropout, not stateful), else why not."""
+    kind = tap_kind(layer)
+    if kind is None or kind[0] not in RECURRENT_KINDS:
+        return (f"layer {layer.name!r} ({type(layer).__name__}) is not a plain Keras LSTM, GRU or SimpleRNN "
+                "without dropout inside the cell")
     return None
 
 
-def _stopped(variable: Any, dtype: Any) -> tf.Tensor:
-    return tf.stop_gradient(tf.cast(tf.convert_to_tensor(variable), dtype))
+def tangent_unsupported(model: Any) -> str | None:
+    """None when :class:`RecurrentTangents` carries every looped Keras RNN of ``model``
+    (there is at least one), else why not."""
+    looped = looped_rnn_layers(model)
+    if not looped:
+        return "the model has no looped Keras RNN"
+    for layer in looped:
+        reason = tangent_support(layer)
+        if reason is not None:
+            return reason
+    return None
 
 
-def _lstm_tangent_step(x: tf.Tensor, xd: tf.Tensor, h: tf.Tensor, c: tf.Tensor, hd: tf.Tensor, cd: tf.Tensor,
-                       weights: tuple, tangents: tf.Tensor) -> tuple[tf.Tensor, ...]:
-    """One step of the LSTM and of its tangent (the module docstring's equations), in three
-    products: [x; xd] K and [h; hd] U stacked over the batch, and [x, h] [V_K; V_U]."""
-    kernel, recurrent, bias, v_bias = weights
-    rows = tf.shape(x)[0]
-    both = tf.linalg.matmul(tf.concat([x, xd], 0), kernel) + tf.linalg.matmul(tf.concat([h, hd], 0), recurrent)
-    z, zd = both[:rows], both[rows:] + tf.linalg.matmul(tf.concat([x, h], 1), tangents)
-    if bias is not None:
-        z, zd = z + bias, zd + v_bias
-    z_i, z_f, z_g, z_o = tf.split(z, 4, axis=-1)
-    d_i, d_f, d_g, d_o = tf.split(zd, 4, axis=-1)
-    i, f, o, g = tf.sigmoid(z_i), tf.sigmoid(z_f), tf.sigmoid(z_o), tf.tanh(z_g)
-    di, df, do, dg = i * (1 - i) * d_i, f * (1 - f) * d_f, o * (1 - o) * d_o, (1 - g * g) * d_g
-    c_new = f * c + i * g
-    cd_new = df * c + f * cd + di * g + i * dg
-    tanh_c = tf.tanh(c_new)
-    return o * tanh_c, c_new, do * tanh_c + o * (1 - tanh_c * tanh_c) * cd_new, cd_new
+def _stopped(value: Any, dtype: Any) -> tf.Tensor:
+    return tf.stop_gradient(tf.cast(tf.convert_to_tensor(value), dtype))
 
 
 class RecurrentTangents:
-    """Context manager: while active, the model's plain LSTMs carry the tangent of
-    ``accumulator`` (one direction) through their loop (module docstring).
+    """Context manager: while active, the model's looped recurrent layers carry the tangent
+    of ``accumulator`` (one direction) through their loops (module docstring).
 
     ``tangent_of`` maps ``id(variable)`` to its direction; ``seed`` is the scalar 0 the
-    accumulator watches with tangent 1. Other recurrent layers (:func:`lstm_tangent_support`
-    says why) run as Keras's, and TensorFlow's forward mode then fails on their loop."""
+    accumulator watches with tangent 1. A looped layer :func:`tangent_support` refuses runs
+    as Keras's, and TensorFlow's forward mode then fails on its loop."""
 
     def __init__(self, model: Any, accumulator: tf.autodiff.ForwardAccumulator, tangent_of: dict[int, tf.Tensor],
                  seed: tf.Tensor) -> None:
         self.accumulator, self.tangent_of, self.seed = accumulator, tangent_of, seed
-        self.layers = [layer for layer in iter_layers(model)
-                       if isinstance(layer, keras.layers.LSTM) and lstm_tangent_support(layer) is None]
+        self.layers = [layer for layer in looped_rnn_layers(model) if tangent_support(layer) is None]
         self._saved: list[Any] = []
 
     def __enter__(self) -> "RecurrentTangents":
@@ -105,12 +106,9 @@ class RecurrentTangents:
             object.__delattr__(layer, "call")
         self._saved = []
 
-    def _call(self, layer: Any) -> Callable[..., tf.Tensor]:
-        def call(sequences: tf.Tensor, initial_state: Any = None, mask: Any = None, training: Any = None) -> tf.Tensor:
-            if initial_state is not None or mask is not None:
-                raise ValueError(f"forward mode through LSTM {layer.name!r}: an initial state or a mask is not "
-                                 "supported yet; use jvp_method='layerwise'")
-            return self._lstm(layer, sequences)
+    def _call(self, layer: Any) -> Callable[..., Any]:
+        def call(sequences: tf.Tensor, initial_state: Any = None, mask: Any = None, training: Any = None) -> Any:
+            return self._recurrent(layer, tap_kind(layer)[0], sequences, initial_state, mask)
         return call
 
     def _tangent(self, variable: Any, dtype: Any) -> tf.Tensor:
@@ -118,47 +116,114 @@ class RecurrentTangents:
         tangent = self.tangent_of.get(id(variable))
         return tf.zeros(tuple(variable.shape), dtype) if tangent is None else tf.cast(tangent, dtype)
 
-    def _lstm(self, layer: Any, sequences: tf.Tensor) -> tf.Tensor:
+    def _with_tangent(self, value: Any, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        """(value, its tangent under the outer accumulator), both hidden from it."""
+        tangent = self.accumulator.jvp(value)
+        value = _stopped(value, dtype)
+        return value, tf.zeros_like(value) if tangent is None else _stopped(tangent, dtype)
+
+    def _recurrent(self, layer: Any, kind: str, sequences: tf.Tensor, initial_state: Any, mask: Any) -> Any:
         cell, dtype = layer.cell, layer.compute_dtype
-        x_dot = self.accumulator.jvp(sequences)
-        x = tf.stop_gradient(tf.cast(sequences, dtype))
-        x_dot = tf.zeros_like(x) if x_dot is None else tf.stop_gradient(tf.cast(x_dot, dtype))
+        x, x_dot = self._with_tangent(sequences, dtype)
         if layer.go_backwards:
             x, x_dot = tf.reverse(x, [1]), tf.reverse(x_dot, [1])
-        bias = _stopped(cell.bias, dtype) if cell.use_bias else None
-        weights = (_stopped(cell.kernel, dtype), _stopped(cell.recurrent_kernel, dtype), bias,
-                   self._tangent(cell.bias, dtype) if cell.use_bias else None)
-        # [V_K; V_U]: the tangent's products with x_t and h_{t-1} in one
-        tangents = tf.concat([self._tangent(cell.kernel, dtype), self._tangent(cell.recurrent_kernel, dtype)], 0)
-        batch, steps = tf.shape(x)[0], tf.shape(x)[1]
-        zeros = tf.zeros(tf.stack([batch, cell.units]), dtype)
-        keep = layer.return_sequences
-        outputs = (tf.TensorArray(dtype, size=steps), tf.TensorArray(dtype, size=steps)) if keep else ()
-
-        def body(t: tf.Tensor, h: tf.Tensor, c: tf.Tensor, hd: tf.Tensor, cd: tf.Tensor, *arrays: Any) -> tuple:
-            h, c, hd, cd = _lstm_tangent_step(x[:, t], x_dot[:, t], h, c, hd, cd, weights, tangents)
-            if keep:
-                arrays = (arrays[0].write(t, h), arrays[1].write(t, hd))
-            return (t + 1, h, c, hd, cd, *arrays)
-
-        result = tf.while_loop(lambda t, *_: t < steps, body, (tf.constant(0), zeros, zeros, zeros, zeros, *outputs))
-        if keep:
-            out, out_dot = (tf.transpose(a.stack(), [1, 0, 2]) for a in result[5:])
+        kernel, recurrent = _stopped(cell.kernel, dtype), _stopped(cell.recurrent_kernel, dtype)
+        v_kernel, v_recurrent = self._tangent(cell.kernel, dtype), self._tangent(cell.recurrent_kernel, dtype)
+        input_bias, recurrent_bias = split_bias(kind, cell, _stopped(cell.bias, dtype) if cell.use_bias else None)
+        v_input_bias, v_recurrent_bias = split_bias(kind, cell, self._tangent(cell.bias, dtype) if cell.use_bias
+                                                    else None)
+        batch = tf.shape(x)[0]
+        if initial_state is None:
+            states = initial_states(kind, cell, None, batch, dtype)
+            dots = [tf.zeros_like(s) for s in states]
         else:
-            out, out_dot = result[1], result[3]
+            pairs = [self._with_tangent(s, dtype) for s in tf.nest.flatten(initial_state)]
+            # distinct tensors: the step's accumulator refuses one primal given twice (h0 = c0)
+            states, dots = [tf.identity(p[0]) for p in pairs], [p[1] for p in pairs]
+        m = time_major_mask(layer, mask, batch)
+        weights = [recurrent] + ([recurrent_bias] if recurrent_bias is not None else [])
+        weight_dots = [v_recurrent] + ([v_recurrent_bias] if recurrent_bias is not None else [])
+        n = len(states)
+        xs, xs_dot = tf.transpose(x, [1, 0, 2]), tf.transpose(x_dot, [1, 0, 2])
+        steps = tf.shape(xs)[0]
+        keep = layer.return_sequences
+        arrays = (tf.TensorArray(dtype, size=steps), tf.TensorArray(dtype, size=steps)) if keep else ()
+
+        # X_t and Xd_t inside the loop, not for all steps before it: [b, T, gates] tensors
+        # would outlive the loop (the memory a non-private step does not hold)
+        def body(t: tf.Tensor, *carry: Any) -> tuple:
+            state, dot, kept = list(carry[:n]), list(carry[n:2 * n]), carry[2 * n:]
+            x_t, xd_t = xs[t], xs_dot[t]
+            proj = tf.linalg.matmul(x_t, kernel)
+            proj_dot = tf.linalg.matmul(xd_t, kernel) + tf.linalg.matmul(x_t, v_kernel)
+            if input_bias is not None:
+                proj, proj_dot = proj + input_bias, proj_dot + v_input_bias
+            with tf.autodiff.ForwardAccumulator(state + [proj] + weights, dot + [proj_dot] + weight_dots) as acc:
+                h, c, _ = cell_step(kind, cell, recurrent, recurrent_bias, state[0], state[1] if n == 2 else None,
+                                    proj)
+            new = [h, c][:n]
+            new_dot = [acc.jvp(v, unconnected_gradients=ZERO) for v in new]
+            if m is not None:  # a masked step keeps the state and its tangent
+                new = [tf.where(m[t], v, old) for v, old in zip(new, state)]
+                new_dot = [tf.where(m[t], v, old) for v, old in zip(new_dot, dot)]
+            if keep:
+                kept = (kept[0].write(t, new[0]), kept[1].write(t, new_dot[0]))
+            return (t + 1, *new, *new_dot, *kept)
+
+        result = tf.while_loop(lambda t, *_: t < steps, body, (tf.constant(0), *states, *dots, *arrays))
+        final, final_dot = result[1:1 + n], result[1 + n:1 + 2 * n]
+        if keep:
+            hs, hs_dot, mask_of = result[-2].stack(), result[-1].stack(), m
+        else:  # the last output only: of a one-step sequence whose mask says what Keras's does
+            hs, hs_dot = final[0][None], final_dot[0][None]
+            mask_of = None if m is None else m[-1:] if layer.zero_output_for_mask else tf.reduce_any(
+                m, axis=0, keepdims=True)
+        seed = tf.cast(self.seed, dtype)
         # primal out, tangent out_dot (seed is 0 with tangent 1 under the accumulator)
-        return out + tf.cast(self.seed, dtype) * out_dot
+        output = recurrent_outputs(layer, hs, mask_of) + seed * recurrent_outputs(layer, hs_dot, mask_of)
+        if layer.return_state:
+            return (output, *(v + seed * v_dot for v, v_dot in zip(final, final_dot)))
+        return output
 
 
 def tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
-                        direction: Sequence[tf.Tensor]) -> tf.Tensor:
-    """P_i = <grad l_i, v> for one direction ``direction`` (one tensor per variable), by
-    one forward pass in forward mode with the LSTMs' tangents carried in their loops;
-    shape [b]. Nothing is recorded for a backward pass."""
+                        direction: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+    """(P, l): P_i = <grad l_i, v> for one direction ``direction`` (one tensor per variable),
+    by one forward pass in forward mode with the LSTMs' tangents carried in their loops, and
+    the pass's per-example losses; both of shape [b]. Nothing is recorded for a backward pass."""
     seed = tf.zeros([])
     tangent_of = {id(v): d for v, d in zip(variables, direction)}
     with tf.autodiff.ForwardAccumulator(raw_variables(variables) + [seed], list(direction) + [tf.ones([])]) as acc:
         with RecurrentTangents(model, acc, tangent_of, seed):
             losses = forward_fn().per_example_losses
     projections = acc.jvp(losses)
-    return tf.zeros_like(losses) if projections is None else projections
+    return (tf.zeros_like(losses) if projections is None else projections), losses
+
+
+def recorded_tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
+                                 directions: Sequence[tf.Tensor]) -> RecordedForward:
+    """The JL projections of one direction (``directions``: one ``[1, *shape]`` tensor per
+    variable) by a tangent pass, then the same forward pass recorded on a tape for the
+    clipped sum.
+
+    The second pass starts from the Keras seed states the first started from, so both draw
+    the same dropout masks, and it runs after the first (their peaks do not add). P_i
+    estimates the norm of the gradient the tape gives only if row i computed the same thing
+    twice: a row whose two losses differ by more than rounding (randomness drawn outside
+    ``keras.random``) gets P_i = NaN, so the step drops it (c_i = 0). The tape is one-shot.
+    """
+    if directions[0].shape[0] != 1:
+        raise ValueError(f"the tangent pass carries one JL direction; got {directions[0].shape[0]} (use "
+                         "jvp_method='layerwise' for jl_projections > 1)")
+    seeds = seed_states(model)
+    start = [tf.identity(tf.convert_to_tensor(s)) for s in seeds]
+    projections, first = tangent_projections(forward_fn, variables, model, [d[0] for d in directions])
+    with tf.control_dependencies([projections, first]):
+        for state, value in zip(seeds, start):
+            state.assign(value)
+        recorded = record_forward(forward_fn)
+    losses = recorded.forward.per_example_losses
+    first = tf.cast(first, losses.dtype)
+    same = tf.abs(first - losses) <= LOSS_RTOL * (tf.abs(first) + tf.abs(losses)) + 1e-6
+    projections = tf.where(same, tf.cast(projections, losses.dtype), tf.constant(float("nan"), losses.dtype))
+    return RecordedForward(recorded.tape, recorded.forward, projections[:, None])

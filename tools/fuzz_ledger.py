@@ -17,7 +17,7 @@ import keras
 
 import fdp
 import fdp_tf
-from fuzz_common import JL_PROJECTIONS, LOSS, OwnStep, make_optimizer
+from fuzz_common import LOSS, OwnStep, jl_projections_of, make_optimizer
 from fuzz_models import Case
 
 
@@ -30,7 +30,7 @@ SCHEMES = ("poisson", "random_allocation", "without_replacement")
 
 def scheme_of(case: Case) -> str:
     """The case's sampling: ``case.scheme`` if set (tests), else by its seed."""
-    if case.optimizer == "jl":
+    if case.optimizer.startswith("jl"):
         return "poisson"
     return getattr(case, "scheme", None) or SCHEMES[case.seed % len(SCHEMES)]
 
@@ -52,8 +52,8 @@ class Phase:
     def events(self) -> tuple[Any, int]:
         """(mechanism, count) of these steps, written from the fuzzer's own counts."""
         sigma = self.noise_multiplier
-        if self.optimizer == "jl":
-            return fdp.JL(noise_multiplier=sigma, jl_projections=JL_PROJECTIONS,
+        if self.optimizer.startswith("jl"):
+            return fdp.JL(noise_multiplier=sigma, jl_projections=jl_projections_of(self.optimizer),
                           sampling_rate=self.sampling_rate), self.steps
         if self.sampling == "without_replacement":  # replace-one: a replaced row moves a sum by 2C
             b, n = (1, 1) if self.sampling_rate == 1.0 else (round(self.sampling_rate * self.size), self.size)

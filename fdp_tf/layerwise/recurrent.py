@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from fdp_tf.layerwise.pieces import OuterPiece, SumPiece, VariableGradient
 
-__all__ = ["recurrent_forward", "recurrent_gradients"]
+__all__ = ["cell_step", "initial_states", "recurrent_forward", "recurrent_gradients", "recurrent_outputs",
+           "split_bias", "time_major_mask"]
 
 
 def recurrent_gradients(tap: Any, grad: tf.Tensor) -> list[VariableGradient]:
@@ -60,6 +61,79 @@ def _constant(variable: Any, dtype: Any) -> tf.Tensor:
     return tf.stop_gradient(tf.cast(tf.convert_to_tensor(variable), dtype))
 
 
+def split_bias(kind: str, cell: Any, bias: tf.Tensor | None) -> tuple[Any, Any]:
+    """(input bias, recurrent bias) of a tensor shaped like the cell's bias (the bias itself
+    or its tangent): a GRU with ``reset_after`` keeps both in one [2, 3 units] variable."""
+    if bias is None:
+        return None, None
+    if kind == "gru" and cell.reset_after:
+        return bias[0], bias[1]
+    return bias, None
+
+
+def time_major_mask(layer: Any, mask: Any, batch: tf.Tensor) -> tf.Tensor | None:
+    """Keras's mask [b, T] as [T, b, 1] booleans in processing order, or None."""
+    if mask is None:
+        return None
+    m = tf.cast(tf.nest.flatten(mask)[0], tf.bool)
+    if layer.go_backwards:
+        m = tf.reverse(m, axis=[1])
+    return tf.transpose(tf.reshape(m, (batch, -1)), [1, 0])[:, :, None]
+
+
+def cell_step(kind: str, cell: Any, recurrent: tf.Tensor, recurrent_bias: Any, h: tf.Tensor, c: Any,
+              x_t: tf.Tensor) -> tuple[tf.Tensor, Any, Any]:
+    """(h_new, c_new, GRU reset gate or None) of one step of Keras's cell, from the input
+    projection x_t = x W + b of the step (gate order and equations as Keras 3's cells)."""
+    act, ract = cell.activation, getattr(cell, "recurrent_activation", None)
+    if kind == "lstm":
+        z = x_t + tf.linalg.matmul(h, recurrent)
+        z0, z1, z2, z3 = tf.split(z, 4, axis=-1)
+        i, f, o = ract(z0), ract(z1), ract(z3)
+        c_new = f * c + i * act(z2)
+        return o * act(c_new), c_new, None
+    if kind == "gru":
+        units = cell.units
+        xz, xr, xh = tf.split(x_t, 3, axis=-1)
+        if cell.reset_after:
+            inner = tf.linalg.matmul(h, recurrent)
+            if recurrent_bias is not None:
+                inner = inner + recurrent_bias
+            rz, rr, rh = tf.split(inner, 3, axis=-1)
+            zg, r = ract(xz + rz), ract(xr + rr)
+            hh = act(xh + r * rh)
+        else:
+            inner = tf.linalg.matmul(h, recurrent[:, : 2 * units])
+            rz, rr = tf.split(inner, 2, axis=-1)
+            zg, r = ract(xz + rz), ract(xr + rr)
+            hh = act(xh + tf.linalg.matmul(r * h, recurrent[:, 2 * units :]))
+        return zg * h + (1 - zg) * hh, c, r
+    h_new = x_t + tf.linalg.matmul(h, recurrent)
+    return (act(h_new) if act is not None else h_new), c, None
+
+
+def recurrent_outputs(layer: Any, hs: tf.Tensor, m: tf.Tensor | None) -> tf.Tensor:
+    """The layer's output from the states after each step, hs [T, b, units] (Keras's
+    conventions for masked steps and ``return_sequences``); linear in hs, so it also maps
+    the states' tangents to the output's."""
+    if m is None:
+        outs = hs
+    elif layer.zero_output_for_mask:
+        outs = tf.where(m, hs, tf.zeros_like(hs))
+    else:  # Keras repeats the last output (0 before the first unmasked step)
+        seen = tf.cast(tf.cumsum(tf.cast(m, tf.int32), axis=0) > 0, tf.bool)
+        outs = tf.where(seen, hs, tf.zeros_like(hs))
+    output = tf.transpose(outs, [1, 0, 2]) if layer.return_sequences else outs[-1]
+    return tf.cast(output, layer.compute_dtype)
+
+
+def initial_states(kind: str, cell: Any, initial_state: Any, batch: tf.Tensor, dtype: Any) -> list[tf.Tensor]:
+    """[h0] or [h0, c0] (LSTM): the given initial state, else zeros."""
+    if initial_state is None:
+        return [tf.zeros((batch, cell.units), dtype) for _ in range(2 if kind == "lstm" else 1)]
+    return [tf.cast(s, dtype) for s in tf.nest.flatten(initial_state)]
+
+
 def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: Any) -> Any:
     """Keras LSTM / GRU / SimpleRNN ``call`` with the input projection outside the loop.
 
@@ -78,58 +152,17 @@ def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: 
     # weights read as constants: their gradient is the taps' (coverage check, taps.py)
     kernel = _constant(cell.kernel, dtype)
     recurrent = _constant(cell.recurrent_kernel, dtype)
-    bias = _constant(cell.bias, dtype) if cell.use_bias else None
-    input_bias = recurrent_bias = None
-    if bias is not None:
-        if kind == "gru" and cell.reset_after:
-            input_bias, recurrent_bias = bias[0], bias[1]
-        else:
-            input_bias = bias
+    input_bias, recurrent_bias = split_bias(kind, cell, _constant(cell.bias, dtype) if cell.use_bias else None)
     proj = tf.linalg.matmul(x, kernel)  # [b, T, G]
     if input_bias is not None:
         proj = proj + input_bias
     tap.set_target(proj)  # before the loop uses it
-    units = cell.units
     batch = tf.shape(x)[0]
-    if initial_state is None:
-        states = [tf.zeros((batch, units), dtype)] * (2 if kind == "lstm" else 1)
-    else:
-        states = [tf.cast(s, dtype) for s in tf.nest.flatten(initial_state)]
+    states = initial_states(kind, cell, initial_state, batch, dtype)
     h0 = states[0]
     c0 = states[1] if kind == "lstm" else None
-    masked = mask is not None
-    if masked:
-        m = tf.cast(tf.nest.flatten(mask)[0], tf.bool)
-        if layer.go_backwards:
-            m = tf.reverse(m, axis=[1])
-        m = tf.transpose(tf.reshape(m, (batch, -1)), [1, 0])[:, :, None]  # [T, b, 1]
-    act, ract = cell.activation, getattr(cell, "recurrent_activation", None)
-
-    def cell_step(h: tf.Tensor, c: Any, x_t: tf.Tensor) -> tuple[tf.Tensor, Any, Any]:
-        """(h_new, c_new, GRU reset gate or None) of one step."""
-        if kind == "lstm":
-            z = x_t + tf.linalg.matmul(h, recurrent)
-            z0, z1, z2, z3 = tf.split(z, 4, axis=-1)
-            i, f, o = ract(z0), ract(z1), ract(z3)
-            c_new = f * c + i * act(z2)
-            return o * act(c_new), c_new, None
-        if kind == "gru":
-            xz, xr, xh = tf.split(x_t, 3, axis=-1)
-            if cell.reset_after:
-                inner = tf.linalg.matmul(h, recurrent)
-                if recurrent_bias is not None:
-                    inner = inner + recurrent_bias
-                rz, rr, rh = tf.split(inner, 3, axis=-1)
-                zg, r = ract(xz + rz), ract(xr + rr)
-                hh = act(xh + r * rh)
-            else:
-                inner = tf.linalg.matmul(h, recurrent[:, : 2 * units])
-                rz, rr = tf.split(inner, 2, axis=-1)
-                zg, r = ract(xz + rz), ract(xr + rr)
-                hh = act(xh + tf.linalg.matmul(r * h, recurrent[:, 2 * units :]))
-            return zg * h + (1 - zg) * hh, c, r
-        h_new = x_t + tf.linalg.matmul(h, recurrent)
-        return (act(h_new) if act is not None else h_new), c, None
+    m = time_major_mask(layer, mask, batch)
+    masked = m is not None
 
     # the carry is the state only (LSTM: h, c; GRU: h and its reset gate, which the
     # gradient of its recurrent kernel needs; SimpleRNN: h): the outputs and h_{t-1} are
@@ -137,7 +170,7 @@ def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: 
     def step(carry: tuple, elems: Any) -> tuple:
         h, c = carry[0], (carry[1] if kind == "lstm" else None)
         x_t, m_t = elems if masked else (elems, None)
-        h_new, c_new, r = cell_step(h, c, x_t)
+        h_new, c_new, r = cell_step(kind, cell, recurrent, recurrent_bias, h, c, x_t)
         if masked:  # a masked step keeps the state
             h_new = tf.where(m_t, h_new, h)
             c_new = tf.where(m_t, c_new, c) if kind == "lstm" else c_new
@@ -153,16 +186,7 @@ def recurrent_forward(tap: Any, sequences: tf.Tensor, initial_state: Any, mask: 
         "h_prev": tf.transpose(h_prev, [1, 0, 2]),
         "r": tf.transpose(stacked[1], [1, 0, 2]) if kind == "gru" else None,
     }
-    if not masked:
-        outs = hs
-    elif layer.zero_output_for_mask:
-        outs = tf.where(m, hs, tf.zeros_like(hs))
-    else:  # Keras repeats the last output (0 before the first unmasked step)
-        seen = tf.cast(tf.cumsum(tf.cast(m, tf.int32), axis=0) > 0, tf.bool)
-        outs = tf.where(seen, hs, tf.zeros_like(hs))
-    outputs = tf.transpose(outs, [1, 0, 2])
-    output = outputs if layer.return_sequences else outs[-1]
-    output = tf.cast(output, layer.compute_dtype)
+    output = recurrent_outputs(layer, hs, m)
     if layer.return_state:
         final = [hs[-1], stacked[1][-1]] if kind == "lstm" else [hs[-1]]
         return (output, *final)

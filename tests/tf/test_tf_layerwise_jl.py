@@ -30,7 +30,7 @@ from fdp_tf.layerwise import (
 )
 from fdp_tf.per_example import per_example_gradients
 from fdp_tf.probes import seed_states
-from tf_helpers import CE, flat, forward_fn
+from tf_helpers import CE, flat, forward_fn, padded_tokens
 
 L = keras.layers
 STEPS, VOCAB = 6, 20
@@ -55,11 +55,7 @@ MODELS = {
 
 
 def _data(n: int = 6) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(7)
-    x = rng.integers(1, VOCAB, size=(n, STEPS)).astype("int32")
-    x[: n // 2, :2] = 0  # padding at the start: the mask changes the recurrence
-    x[-1, -1] = 0  # and at the end of one
-    return x, rng.integers(0, 3, size=n).astype("int32")
+    return padded_tokens(n, STEPS, VOCAB)
 
 
 _STARTS: dict[int, list[np.ndarray]] = {}

@@ -1,66 +1,193 @@
-"""Forward mode through Keras LSTM loops (fdp_tf.recurrent_tangents): the tangent pass's
-P_i = <grad l_i, v> against exact per-example gradients, one backward pass each."""
+"""Forward mode through Keras's recurrent loops (fdp_tf.recurrent_tangents): the tangent
+pass's P_i = <grad l_i, v> against exact per-example gradients (one backward pass each,
+the same dropout masks) for every recurrent kind, inside Bidirectional, stacked, masked,
+with an initial state and under dropout; the two-pass step (seed replay, the loss guard);
+and the optimizers' choice of it."""
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("tensorflow")
+
+import warnings
+
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 
-from fdp_tf.forward import ForwardPass
-from fdp_tf.recurrent_tangents import lstm_tangent_support, tangent_projections
+import fdp_tf
+from fdp_tf.forward import ForwardPass, record_forward
+from fdp_tf.introspection import seed_states
+from fdp_tf.jl import jl_norm_estimates
+from fdp_tf.per_example import per_example_gradients
+from fdp_tf.recurrent_tangents import tangent_projections, tangent_support, tangent_unsupported
+from tf_helpers import CE, padded_tokens
+
+L = keras.layers
+STEPS, VOCAB = 6, 20
 
 
-def _model() -> keras.Model:
+def _text_model(*layers: keras.layers.Layer, masked: bool = True, dropout: float = 0.0) -> keras.Model:
     keras.utils.set_random_seed(3)
-    inputs = keras.Input((7,), dtype="int32")
-    h = keras.layers.Embedding(20, 5)(inputs)
-    h = keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True))(h)
-    h = keras.layers.LSTM(3, go_backwards=True, use_bias=False)(h)
-    return keras.Model(inputs, keras.layers.Dense(2)(h))
+    middle = [L.Dropout(dropout)] if dropout else []
+    return keras.Sequential([keras.Input((STEPS,), dtype="int32"), L.Embedding(VOCAB, 5, mask_zero=masked),
+                             *middle, *layers, L.Dense(3)])
 
 
-def test_tangent_pass_matches_exact_per_example_projections() -> None:
-    model = _model()
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 20, size=(5, 7)).astype("int32")
-    y = rng.integers(0, 2, size=5)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+def _with_initial_state() -> keras.Model:
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((STEPS,), dtype="int32")
+    seq = L.Embedding(VOCAB, 3, mask_zero=True)(inputs)
+    state = L.Dense(4, activation="tanh")(L.GlobalAveragePooling1D()(seq))
+    out, h, c = L.LSTM(4, return_state=True, go_backwards=True)(seq, initial_state=[state, state])
+    return keras.Model(inputs, L.Dense(3)(L.Concatenate()([out, c])))
+
+
+def _zero_output_for_mask(layer: keras.layers.Layer) -> keras.layers.Layer:
+    layer.zero_output_for_mask = True  # a masked last step outputs 0 (one row's is masked)
+    return layer
+
+
+MODELS = {
+    "lstm": lambda: _text_model(L.LSTM(4)),
+    "gru": lambda: _text_model(L.GRU(4)),
+    "gru_reset_before": lambda: _text_model(L.GRU(4, reset_after=False, go_backwards=True)),
+    "simple_rnn_relu": lambda: _text_model(L.SimpleRNN(4, use_bias=False, activation="relu")),
+    "bilstm_stacked": lambda: _text_model(
+        L.Bidirectional(L.LSTM(3, return_sequences=True)), L.Bidirectional(L.GRU(3), merge_mode="sum")),
+    "bilstm_dropout_unmasked": lambda: _text_model(
+        L.Bidirectional(L.LSTM(4, return_sequences=True)), L.LSTM(3, go_backwards=True, use_bias=False),
+        L.Dense(4, activation="relu"), L.Dropout(0.3), masked=False, dropout=0.3),
+    "initial_state": _with_initial_state,
+    "zero_output_for_mask": lambda: _text_model(_zero_output_for_mask(L.SimpleRNN(4)), L.Dense(3, activation="tanh")),
+}
+
+
+def _data(n: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    return padded_tokens(n, STEPS, VOCAB)
+
+
+def _forward(model: keras.Model, x: np.ndarray, y: np.ndarray):
+    """The training pass, every call from the seed states of the first call (same masks)."""
+    seeds = seed_states(model)
+    start = [s.numpy().copy() for s in seeds]
+
+    def run() -> ForwardPass:
+        for s, value in zip(seeds, start):
+            s.assign(value)
+        return ForwardPass(CE(y, model(x, training=True)))
+
+    return run
+
+
+def _reference(model: keras.Model, forward, direction: list[tf.Tensor]) -> np.ndarray:
     variables = model.trainable_variables
-    direction = [tf.constant(rng.standard_normal(tuple(v.shape)), tf.float32) for v in variables]
-
-    def forward() -> ForwardPass:
-        return ForwardPass(loss_fn(y, model(x, training=True)))
-
-    got = tf.function(lambda: tangent_projections(forward, variables, model, direction))().numpy()
-    expected = []
-    for i in range(len(x)):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y[i:i + 1], model(x[i:i + 1], training=True))[0]
-        grads = tape.gradient(loss, variables)
-        expected.append(sum(float(tf.reduce_sum(tf.convert_to_tensor(g) * d)) for g, d in zip(grads, direction)))
-    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
-    assert np.min(np.abs(expected)) > 1e-3  # projections that say something
+    grads = per_example_gradients(record_forward(forward, persistent=True), variables, vectorized=False)
+    return sum(g.numpy().reshape(len(g), -1).astype(np.float64) @ d.numpy().reshape(-1).astype(np.float64)
+               for g, d in zip(grads, direction))
 
 
-def test_unsupported_lstms_are_named() -> None:
-    assert lstm_tangent_support(keras.layers.LSTM(3, activation="relu")) is not None
-    assert lstm_tangent_support(keras.layers.LSTM(3, return_state=True)) is not None
-    assert lstm_tangent_support(keras.layers.GRU(3)) is not None
-    assert lstm_tangent_support(keras.layers.LSTM(3)) is None
-
-
-def test_a_mask_is_refused_not_ignored() -> None:
-    keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(9, 3, mask_zero=True),
-                              keras.layers.LSTM(2), keras.layers.Dense(1)])
-    x = np.array([[1, 2, 0, 0], [3, 4, 5, 0]], dtype="int32")
+@pytest.mark.parametrize("name", list(MODELS))
+def test_tangent_pass_matches_exact_per_example_projections(name: str) -> None:
+    model = MODELS[name]()
+    x, y = _data()
+    model(x)
+    assert tangent_unsupported(model) is None
     variables = model.trainable_variables
-    direction = [tf.ones(tuple(v.shape)) for v in variables]
+    forward = _forward(model, x, y)
+    for k in range(2):
+        direction = [tf.random.stateless_normal(tuple(v.shape), seed=[k, j]) for j, v in enumerate(variables)]
+        got, losses = tf.function(lambda: tangent_projections(forward, variables, model, direction))()
+        want = _reference(model, forward, direction)
+        np.testing.assert_allclose(losses.numpy(), forward().per_example_losses.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+        assert np.min(np.abs(want)) > 1e-4  # projections that say something
 
-    def forward() -> ForwardPass:
-        return ForwardPass(tf.reduce_sum(model(x, training=True), axis=1))
 
-    with pytest.raises(ValueError, match="mask is not supported yet"):
-        tangent_projections(forward, variables, model, direction)
+def test_unsupported_layers_are_named() -> None:
+    assert tangent_support(L.LSTM(3, dropout=0.1)) is not None
+    assert tangent_support(L.GRU(3, stateful=True)) is not None
+    assert tangent_support(L.RNN(L.LSTMCell(3))) is not None
+    for layer in (L.LSTM(3, activation="relu"), L.GRU(3), L.SimpleRNN(3)):
+        layer.build((None, STEPS, 2))
+        assert tangent_support(layer) is None
+    assert "no looped" in tangent_unsupported(_text_model(L.LSTM(3, unroll=True)))
+
+
+def _weighted_identity(model: keras.Model, forward) -> tuple[np.ndarray, float, float]:
+    """(P, sum_i w_i P_i, <grad sum_i w_i l_i, v>) of the two-pass route, w_i = 1 + i: P
+    must be the projections of the gradients the step's tape gives (same dropout masks)."""
+    variables = model.trainable_variables
+    direction = [tf.random.stateless_normal((1, *v.shape), seed=[5, j]) for j, v in enumerate(variables)]
+
+    @tf.function
+    def run():
+        recorded, norms = jl_norm_estimates(forward, variables, 1, jvp_method="forward", directions=direction,
+                                            model=model)
+        losses = recorded.forward.per_example_losses
+        w = 1.0 + tf.range(tf.shape(losses)[0], dtype=losses.dtype)
+        grads = recorded.tape.gradient(losses, variables, output_gradients=w)
+        truth = tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g) * d[0]) for g, d in zip(grads, direction)])
+        projections = recorded.projections[:, 0]
+        return projections, tf.reduce_sum(w * projections), truth
+
+    projections, mine, truth = (t.numpy() for t in run())
+    return projections, float(mine), float(truth)
+
+
+def test_the_taped_pass_replays_the_tangent_pass_dropout_masks() -> None:
+    model = MODELS["bilstm_dropout_unmasked"]()
+    x, y = _data()
+    model(x)
+    projections, mine, truth = _weighted_identity(model, lambda: ForwardPass(CE(y, model(x, training=True))))
+    assert np.all(np.isfinite(projections))
+    assert abs(mine - truth) <= 1e-4 * (np.sum(np.abs(projections)) + abs(truth))
+
+
+class _UnseededNoise(L.Layer):
+    """Randomness drawn outside keras.random: no seed state replays it."""
+
+    def call(self, inputs, training=None):
+        return inputs + tf.random.uniform(tf.shape(inputs)) if training else inputs
+
+
+def test_a_row_the_second_pass_computes_otherwise_gets_no_estimate() -> None:
+    model = _text_model(_UnseededNoise(), L.LSTM(3), masked=False)
+    x, y = _data()
+    model(x)
+    projections, _, _ = _weighted_identity(model, lambda: ForwardPass(CE(y, model(x, training=True))))
+    assert np.all(np.isnan(projections))  # the step drops these rows: c_i = 0
+
+
+class _Scale(L.Layer):
+    """A weight the layer taps do not know (so ``auto`` cannot take them)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, inputs):
+        return inputs * self.scale
+
+
+def test_auto_takes_forward_mode_where_the_taps_cannot() -> None:
+    optimizer = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=8, jl_projections=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no double-vjp warning
+        assert optimizer.resolve_jvp_method(_text_model(L.Bidirectional(L.GRU(3)), _Scale())) == "auto"
+    assert optimizer.resolve_jvp_method(_text_model(L.GRU(3))) == "layerwise"  # faster, more memory
+    with pytest.warns(RuntimeWarning, match="double vjp"):  # a loop forward mode cannot carry
+        optimizer.resolve_jvp_method(_text_model(L.GRU(3, dropout=0.1), _Scale()))
+
+
+def test_fit_trains_through_the_loops_in_forward_mode() -> None:
+    model = _text_model(L.GRU(3), L.Dropout(0.2))
+    x, y = _data(16)
+    optimizer = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=8, learning_rate=0.1,
+                               jl_projections=1, jvp_method="forward")
+    private = fdp_tf.PrivateModel(model)
+    private.compile(optimizer=optimizer, loss=CE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        history = private.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])

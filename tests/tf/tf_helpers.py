@@ -21,6 +21,16 @@ def dense_model(inputs: int = 5, hidden: int = 4, classes: int = 3, dropout: flo
     return keras.Sequential(layers)
 
 
+def padded_tokens(n: int = 6, steps: int = 6, vocab: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows (0 = padding) for masked recurrent models, and labels of 3 classes: padding
+    at the start of the first half (the mask changes the recurrence) and at the end of one."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(1, vocab, size=(n, steps)).astype("int32")
+    x[: n // 2, :2] = 0
+    x[-1, -1] = 0
+    return x, rng.integers(0, 3, size=n).astype("int32")
+
+
 def conv_model() -> keras.Model:
     return keras.Sequential(
         [
