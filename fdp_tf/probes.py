@@ -149,7 +149,9 @@ def _weights(losses: tf.Tensor) -> tf.Tensor:
 def signature_fn(variables: Sequence[Any], model: Any) -> Callable[[ForwardFn], Signature]:
     """s_i = (l_i, q_i) for a forward pass: q_i = ||g_i|| from the layer taps when they
     handle the model (first order, each row from its own activations), else
-    P_i = <g_i, v> by the double vjp (also row by row), whatever the step's method."""
+    P_i = <g_i, v> by the double vjp (also row by row), whatever the step's method.
+    Both read the backward pass, which is what a step releases: a tangent pass would
+    not see rows that interact only through their gradients (a custom gradient)."""
     direction = _direction(variables)
     taps = model is not None and layerwise_unsupported(model, variables) is None
 

@@ -9,8 +9,8 @@
 3. **the step**, with the method that passed: ``per_example_method="auto"`` falls back
    to the per-example loop when pfor or the layer taps disagree with the batch
    gradient, ``jvp_method="auto"`` to the per-example loop when the taps' projections
-   disagree with it and to the double vjp when forward mode does; an
-   explicitly chosen method that fails is refused;
+   or forward mode's through recurrent loops disagree with it, and to the double vjp
+   when forward mode's elsewhere do; an explicitly chosen method that fails is refused;
 4. **non-finite examples** dropped (:mod:`fdp_tf.nonfinite`);
 5. **the release gated**: the returned gradients depend on every check, so
    ``apply_gradients`` cannot run on a refused step (:mod:`fdp_tf.refusals`).
@@ -36,6 +36,7 @@ from fdp_tf.guards import StateGuard
 from fdp_tf.nonfinite import single_row_check, without_nonfinite_examples
 from fdp_tf.probes import Verdict, method_check, probe, seed_states, signature_fn
 from fdp_tf.randomness import num_replicas
+from fdp_tf.recurrent_tangents import tangent_unsupported
 from fdp_tf.refusals import RefusalRecord, as_value_error, gated, recording, refuse_unless
 
 __all__ = ["StepChecks", "engage_fallback", "guarded_train_function", "raise_recorded_refusals", "step_checks",
@@ -151,9 +152,11 @@ def methods(optimizer: Any, model: Any) -> tuple[str, str, str | None]:
         primary = optimizer.resolve_jvp_method(model)
         if config.jvp_method != "auto" or primary in ("double_vjp", "loop"):
             return "jl", primary, None
-        # the taps' reference is the per-example loop (quick to trace, unlike the double
-        # vjp through a recurrent layer); forward mode's is the double vjp
-        return "jl", primary, ("loop" if primary == "layerwise" else "double_vjp")
+        # the reference of the taps and of forward mode through recurrent loops is the
+        # per-example loop (quick to trace, unlike the double vjp through a loop); forward
+        # mode's elsewhere is the double vjp
+        through_loops = primary == "layerwise" or (model is not None and tangent_unsupported(model) is None)
+        return "jl", primary, ("loop" if through_loops else "double_vjp")
     primary = optimizer.resolve_per_example_method(model)
     return "exact", primary, ("loop" if config.per_example_method == "auto" and primary != "loop" else None)
 

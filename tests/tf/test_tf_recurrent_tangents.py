@@ -21,6 +21,7 @@ from fdp_tf.forward import ForwardPass, record_forward
 from fdp_tf.introspection import seed_states
 from fdp_tf.jl import jl_norm_estimates
 from fdp_tf.per_example import per_example_gradients
+from fdp_tf import verify
 from fdp_tf.recurrent_tangents import tangent_projections, tangent_support, tangent_unsupported
 from tf_helpers import CE, padded_tokens
 
@@ -191,3 +192,33 @@ def test_fit_trains_through_the_loops_in_forward_mode() -> None:
         warnings.simplefilter("error", RuntimeWarning)
         history = private.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][-1])
+
+
+@tf.custom_gradient
+def _mixing_gradient(x: tf.Tensor):
+    """The identity forward; backward, every row's gradient gets the batch's mean added."""
+    return tf.identity(x), lambda dy: dy + tf.reduce_mean(dy, axis=0, keepdims=True)
+
+
+class _MixesGradients(L.Layer):
+    def call(self, inputs):
+        return _mixing_gradient(inputs)
+
+
+def test_rows_that_interact_through_their_gradients_are_refused() -> None:
+    """The tangent pass sees the forward pass only; what is released comes from the
+    backward pass. The step's checks must read that one (a probe whose signatures came
+    from a tangent pass trained this model with jvp_method='auto'; with 'forward' the
+    method check refuses it, as it refuses forward mode through any custom gradient)."""
+    model = _text_model(_MixesGradients(), L.GRU(3), _Scale(), masked=False)
+    dp = dict(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=8, learning_rate=0.1, jl_projections=1)
+    assert verify.methods(fdp_tf.DPSGDJL(jvp_method="forward", **dp), model) == ("jl", "forward", None)
+    optimizer = fdp_tf.DPSGDJL(**dp)
+    assert verify.methods(optimizer, model) == ("jl", "auto", "loop")  # not the double vjp through the loop
+    x, y = _data(16)
+    private = fdp_tf.PrivateModel(model)
+    private.compile(optimizer=optimizer, loss=CE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="changed when other examples of the batch changed"):
+            private.fit(x, y, batch_size=8, epochs=1, verbose=0)
