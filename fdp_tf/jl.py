@@ -45,7 +45,8 @@ from fdp_tf.forward import (
 from fdp_tf.layerwise import layerwise_pieces, layerwise_projections, reconstructed_sum
 from fdp_tf.per_example import streamed_clipped_sum
 from fdp_tf.randomness import DIRECTIONS_STREAM, step_randomness
-from fdp_tf.recurrent_tangents import recorded_tangent_projections, tangent_unsupported
+from fdp_tf.recurrent_tangents import TangentRecorded, recorded_tangent_projections, tangent_unsupported
+from fdp_tf.refusals import gated
 
 __all__ = [
     "double_vjp_projections",
@@ -291,6 +292,8 @@ def jl_private_gradient(
         )
         factors = clip_factors(norms, l2_norm_clip, recorded.forward.per_example_losses)
         clipped = clipped_gradient(recorded, variables, factors, batch)
+        if isinstance(recorded, TangentRecorded):  # two passes: were they one computation?
+            clipped = gated(clipped, recorded.consistent(clipped, factors, batch))
     return release(
         clipped, recorded, norms, factors, l2_norm_clip=l2_norm_clip,
         noise_multiplier=noise_multiplier, expected_batch_size=batch, rng=draws,

@@ -30,13 +30,15 @@ ordinary forward and backward pass (:func:`recorded_tangent_projections`, the JL
 ``jvp_method="forward"`` for r = 1 on a model with recurrent loops). Both passes start from
 the same state of every Keras ``SeedGenerator``, so they draw the same dropout masks, and a
 row whose loss differs between them gets no estimate (its norm is NaN: the step drops it,
-a clipping to 0). No per-step, per-example tensor outlives the pass, so the step's memory
+a clipping to 0); gradients that differ with equal losses are caught on the released sum
+(:meth:`TangentRecorded.consistent`, every step). No per-step, per-example tensor outlives the pass, so the step's memory
 is about a non-private step's (benchmarks/step_profile.py); it takes more time than the
 layer taps, which read everything from one pass.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -45,12 +47,19 @@ from fdp_tf.forward import ZERO, ForwardFn, RecordedForward, raw_variables, reco
 from fdp_tf.introspection import looped_rnn_layers, seed_states
 from fdp_tf.layerwise.recurrent import cell_step, initial_states, recurrent_outputs, split_bias, time_major_mask
 from fdp_tf.layerwise.support import tap_kind
+from fdp_tf.refusals import Check, refuse_unless
 
-__all__ = ["RecurrentTangents", "recorded_tangent_projections", "tangent_projections", "tangent_support",
-           "tangent_unsupported"]
+__all__ = ["RecurrentTangents", "TangentRecorded", "recorded_tangent_projections", "tangent_projections",
+           "tangent_support", "tangent_unsupported"]
 
 #: two passes' losses of a row agree to this (the loop's products are ordered unlike Keras's)
 LOSS_RTOL = 1e-4
+#: the released sum's projection meets the projections' weighted sum to this (two modes of autodiff)
+SUM_RTOL = 1e-3
+MISMATCH = ("the JL projections of the tangent pass are not those of the gradients the taped pass "
+            "released: the model computes something else when it is run again (state kept outside "
+            "Keras's seed generators, e.g. a call counter in a tf.Variable). Use jvp_method='layerwise', "
+            "which reads both from one pass")
 RECURRENT_KINDS = ("lstm", "gru", "simple_rnn")
 
 
@@ -186,22 +195,71 @@ class RecurrentTangents:
         return output
 
 
-def tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
-                        direction: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-    """(P, l): P_i = <grad l_i, v> for one direction ``direction`` (one tensor per variable),
-    by one forward pass in forward mode with the LSTMs' tangents carried in their loops, and
-    the pass's per-example losses; both of shape [b]. Nothing is recorded for a backward pass."""
+def _tangent_pass(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
+                  direction: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(P, l, <grad regularization, v>) of one tangent pass (0 without a regularization)."""
     seed = tf.zeros([])
     tangent_of = {id(v): d for v, d in zip(variables, direction)}
     with tf.autodiff.ForwardAccumulator(raw_variables(variables) + [seed], list(direction) + [tf.ones([])]) as acc:
         with RecurrentTangents(model, acc, tangent_of, seed):
-            losses = forward_fn().per_example_losses
+            forward = forward_fn()
+    losses = forward.per_example_losses
     projections = acc.jvp(losses)
-    return (tf.zeros_like(losses) if projections is None else projections), losses
+    regularization = None if forward.regularization is None else acc.jvp(forward.regularization)
+    return ((tf.zeros_like(losses) if projections is None else projections), losses,
+            tf.zeros([], losses.dtype) if regularization is None else tf.cast(regularization, losses.dtype))
+
+
+def tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
+                        direction: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+    """(P, l): P_i = <grad l_i, v> for one direction ``direction`` (one tensor per variable),
+    by one forward pass in forward mode with the tangents carried in the recurrent loops,
+    and the pass's per-example losses; both of shape [b]. Nothing is recorded for a
+    backward pass."""
+    projections, losses, _ = _tangent_pass(forward_fn, variables, model, direction)
+    return projections, losses
+
+
+@dataclass(frozen=True)
+class TangentRecorded(RecordedForward):
+    """The taped pass of :func:`recorded_tangent_projections`, its projections from the
+    tangent pass before it, and what :meth:`consistent` needs of that pass."""
+
+    direction: Sequence[tf.Tensor] = ()
+    regularization_tangent: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.direction or self.projections is None or self.regularization_tangent is None:
+            raise ValueError("TangentRecorded needs the projections, the direction and the regularization's "
+                             "tangent of its tangent pass")
+
+    def consistent(self, clipped: Sequence[tf.Tensor], factors: tf.Tensor, batch: Any) -> list[Check]:
+        """Refuse the step unless the released sum S = sum_i c_i g_i / B (+ the
+        regularization's gradient) has the projection the tangent pass predicts:
+
+            <S, v> = sum_i c_i P_i / B + <grad regularization, v>
+
+        Both sides are computed anyway; the two passes are only trusted to be one
+        computation (M_i estimating the norm of the released g_i) if this holds. v is
+        secret and fresh each step, so a model that changes its gradients between the
+        passes cannot aim its change at the one direction checked."""
+        f64 = tf.float64
+        terms = [tf.reshape(tf.cast(g, f64) * tf.cast(d[0], f64), [-1]) for g, d in zip(clipped, self.direction)]
+        released = tf.add_n([tf.reduce_sum(t) for t in terms])
+        weighted = tf.cast(factors, f64) * tf.cast(self.projections[:, 0], f64) / tf.cast(batch, f64)
+        weighted = tf.where(tf.cast(factors, f64) > 0, weighted, tf.zeros_like(weighted))  # P_i NaN: c_i = 0
+        predicted = tf.reduce_sum(weighted) + tf.cast(self.regularization_tangent, f64)
+        scale = (tf.add_n([tf.reduce_sum(tf.abs(t)) for t in terms]) + tf.reduce_sum(tf.abs(weighted))
+                 + tf.abs(tf.cast(self.regularization_tangent, f64)))
+        agree = tf.abs(released - predicted) <= SUM_RTOL * scale + 1e-30
+        # a non-finite sum (a NaN row's 0 * NaN reaches every row) is not released: the step
+        # reruns without the non-finite rows, checked again there, or stops (fdp_tf.nonfinite)
+        finite = tf.logical_and(tf.math.is_finite(released), tf.math.is_finite(predicted))
+        return refuse_unless(tf.logical_or(tf.logical_not(finite), agree), MISMATCH)
 
 
 def recorded_tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
-                                 directions: Sequence[tf.Tensor]) -> RecordedForward:
+                                 directions: Sequence[tf.Tensor]) -> TangentRecorded:
     """The JL projections of one direction (``directions``: one ``[1, *shape]`` tensor per
     variable) by a tangent pass, then the same forward pass recorded on a tape for the
     clipped sum.
@@ -210,14 +268,16 @@ def recorded_tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any]
     the same dropout masks, and it runs after the first (their peaks do not add). P_i
     estimates the norm of the gradient the tape gives only if row i computed the same thing
     twice: a row whose two losses differ by more than rounding (randomness drawn outside
-    ``keras.random``) gets P_i = NaN, so the step drops it (c_i = 0). The tape is one-shot.
+    ``keras.random``) gets P_i = NaN, so the step drops it (c_i = 0); gradients that differ
+    with equal losses are caught on the released sum (:meth:`TangentRecorded.consistent`).
+    The tape is one-shot.
     """
     if directions[0].shape[0] != 1:
         raise ValueError(f"the tangent pass carries one JL direction; got {directions[0].shape[0]} (use "
                          "jvp_method='layerwise' for jl_projections > 1)")
     seeds = seed_states(model)
     start = [tf.identity(tf.convert_to_tensor(s)) for s in seeds]
-    projections, first = tangent_projections(forward_fn, variables, model, [d[0] for d in directions])
+    projections, first, regularization = _tangent_pass(forward_fn, variables, model, [d[0] for d in directions])
     with tf.control_dependencies([projections, first]):
         for state, value in zip(seeds, start):
             state.assign(value)
@@ -226,4 +286,4 @@ def recorded_tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any]
     first = tf.cast(first, losses.dtype)
     same = tf.abs(first - losses) <= LOSS_RTOL * (tf.abs(first) + tf.abs(losses)) + 1e-6
     projections = tf.where(same, tf.cast(projections, losses.dtype), tf.constant(float("nan"), losses.dtype))
-    return RecordedForward(recorded.tape, recorded.forward, projections[:, None])
+    return TangentRecorded(recorded.tape, recorded.forward, projections[:, None], tuple(directions), regularization)

@@ -19,7 +19,7 @@ import tensorflow as tf
 import fdp_tf
 from fdp_tf.forward import ForwardPass, record_forward
 from fdp_tf.introspection import seed_states
-from fdp_tf.jl import jl_norm_estimates
+from fdp_tf.jl import jl_norm_estimates, jl_private_gradient
 from fdp_tf.per_example import per_example_gradients
 from fdp_tf import verify
 from fdp_tf.recurrent_tangents import tangent_projections, tangent_support, tangent_unsupported
@@ -222,3 +222,49 @@ def test_rows_that_interact_through_their_gradients_are_refused() -> None:
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match="changed when other examples of the batch changed"):
             private.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+class _AlternatingGradientScale(L.Layer):
+    """The identity forward; its derivative (forward and reverse mode) is 1 on odd calls and
+    30 on even ones, from Python state no seed reset restores (found by a red-team search)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def call(self, inputs):
+        self.calls += 1
+        scale = 1.0 if self.calls % 2 else 30.0
+        return tf.stop_gradient(inputs) + (inputs - tf.stop_gradient(inputs)) * scale
+
+
+def test_two_passes_that_differ_only_in_their_gradients_are_refused() -> None:
+    """Equal losses, so no row gets a NaN estimate; the released sum's projection on the
+    step's direction shows the taped pass's gradients are 30x those whose norms were
+    estimated (the step would release terms of norm 30 C)."""
+    model = _text_model(L.LSTM(3), _AlternatingGradientScale(), masked=False)
+    x, y = _data(8)
+    model(x)
+    with pytest.raises(ValueError, match="not those of the gradients the taped pass released"):
+        jl_private_gradient(lambda: ForwardPass(CE(y, model(x, training=True))), model.trainable_variables,
+                            l2_norm_clip=0.01, noise_multiplier=1.0, jl_projections=1, expected_batch_size=8,
+                            jvp_method="forward", model=model)
+
+
+def test_a_row_with_a_nan_loss_is_dropped_not_the_step_refused() -> None:
+    """A row masked entirely gives 0 / 0 in a masked average: its loss is NaN, which makes
+    the taped pass's sum NaN. The step reruns without it (fdp_tf.nonfinite); the check of
+    the released sum must not refuse the NaN sum it will never release."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((STEPS,), dtype="int32"), L.Embedding(VOCAB, 5, mask_zero=True),
+                              L.GRU(4, return_sequences=True), L.GlobalAveragePooling1D(), L.Dense(3)])
+    x, y = _data(8)
+    x[1] = 0
+    optimizer = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=8, learning_rate=0.1,
+                               jl_projections=1, jvp_method="forward")
+    private = fdp_tf.PrivateModel(model)
+    private.compile(optimizer=optimizer, loss=CE, run_eagerly=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        private.train_on_batch(x, y)
+    assert all(np.all(np.isfinite(w)) for w in model.get_weights())
