@@ -31,9 +31,9 @@ ordinary forward and backward pass (:func:`recorded_tangent_projections`, the JL
 the same state of every Keras ``SeedGenerator``, so they draw the same dropout masks, and a
 row whose loss differs between them gets no estimate (its norm is NaN: the step drops it,
 a clipping to 0); gradients that differ with equal losses are caught on the released sum
-(:meth:`TangentRecorded.consistent`, every step). No per-step, per-example tensor outlives the pass, so the step's memory
-is about a non-private step's (benchmarks/step_profile.py); it takes more time than the
-layer taps, which read everything from one pass.
+(:meth:`TangentRecorded.consistent`, every step). No per-step, per-example tensor outlives
+the pass, so the step's memory is about a non-private step's (benchmarks/step_profile.py);
+it takes more time than the layer taps, which read everything from one pass.
 """
 
 from __future__ import annotations
