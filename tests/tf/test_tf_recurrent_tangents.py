@@ -1,8 +1,9 @@
 """Forward mode through Keras's recurrent loops (fdp_tf.recurrent_tangents): the tangent
 pass's P_i = <grad l_i, v> against exact per-example gradients (one backward pass each,
 the same dropout masks) for every recurrent kind, inside Bidirectional, stacked, masked,
-with an initial state and under dropout; the two-pass step (seed replay, the loss guard);
-and the optimizers' choice of it."""
+with an initial state and under dropout; the two-pass step (seed replay, the loss guard, the
+per-step check of the released sum against the tangent pass, found needed by a red-team
+search); what the run-time checks refuse on this route; and the optimizers' choice of it."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import numpy as np
 import tensorflow as tf
 
 import fdp_tf
+from fdp_tf import verify
 from fdp_tf.forward import ForwardPass, record_forward
 from fdp_tf.introspection import seed_states
 from fdp_tf.jl import jl_norm_estimates, jl_private_gradient
 from fdp_tf.per_example import per_example_gradients
-from fdp_tf import verify
 from fdp_tf.recurrent_tangents import tangent_projections, tangent_support, tangent_unsupported
 from tf_helpers import CE, padded_tokens
 
