@@ -6,10 +6,10 @@ SimpleRNN with ``unroll=False`` stops it. While :class:`RecurrentTangents` is ac
 such layer (also inside Bidirectional, stacked, masked, with an initial state) runs an
 equivalent loop that carries the tangent beside the state. For the step function
 s_t = F(s_{t-1}, X_t; U) of the cell (LSTM: s = (h, c); GRU, SimpleRNN: s = h), with
-X_t = x_t K + b the input projection of every step, computed before the loop:
+X_t = x_t K + b the input projection of the step:
 
-    Xd_t = xd_t K + x_t V_K + V_b                                   (outside the loop)
-    sd_t = dF/ds . sd_{t-1} + dF/dX . Xd_t + dF/dU . V_U            (inside the loop)
+    Xd_t = xd_t K + x_t V_K + V_b
+    sd_t = dF/ds . sd_{t-1} + dF/dX . Xd_t + dF/dU . V_U
 
 where (V_K, V_U, V_b) is the layer's share of the direction v and xd the tangent of its
 input. The jvp of the step is taken by a ``ForwardAccumulator`` opened inside the loop
@@ -249,7 +249,10 @@ class TangentRecorded(RecordedForward):
         weighted = tf.cast(factors, f64) * tf.cast(self.projections[:, 0], f64) / tf.cast(batch, f64)
         weighted = tf.where(tf.cast(factors, f64) > 0, weighted, tf.zeros_like(weighted))  # P_i NaN: c_i = 0
         predicted = tf.reduce_sum(weighted) + tf.cast(self.regularization_tangent, f64)
-        scale = (tf.add_n([tf.reduce_sum(tf.abs(t)) for t in terms]) + tf.reduce_sum(tf.abs(weighted))
+        # relative to the terms' size, as the first-step method check (fdp_tf.probes): a
+        # scale of sum_k |S_k v_k| would grow with sqrt(parameters) and let a gradient
+        # scaled by 1.5 pass
+        scale = (tf.abs(released) + tf.reduce_sum(tf.abs(weighted))
                  + tf.abs(tf.cast(self.regularization_tangent, f64)))
         agree = tf.abs(released - predicted) <= SUM_RTOL * scale + 1e-30
         # a non-finite sum (a NaN row's 0 * NaN reaches every row) is not released: the step
