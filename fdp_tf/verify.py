@@ -161,10 +161,11 @@ def methods(optimizer: Any, model: Any) -> tuple[str, str, str | None]:
     return "exact", primary, ("loop" if config.per_example_method == "auto" and primary != "loop" else None)
 
 
-def engage_fallback(optimizer: Any, model: Any) -> str | None:
+def engage_fallback(optimizer: Any, model: Any, err: BaseException | None = None) -> str | None:
     """After a step whose probe crashed inside the first-choice method (e.g. pfor through a
     Conv3D with groups): use the fallback from now on. Returns the abandoned method, or
-    ``None`` if there is no fallback left to engage."""
+    ``None`` if the crash is not the method's. A method the user chose (no fallback) that
+    crashed so raises a ``ValueError`` naming the one to choose instead."""
     checks = getattr(optimizer, "_dp_step_checks", None)
     if checks is None or float(checks.failed.numpy()) > 0.5:
         return None
@@ -173,7 +174,12 @@ def engage_fallback(optimizer: Any, model: Any) -> str | None:
         return None  # every trace passed its probe: the crash is not the method's
     kind, primary, fallback = methods(optimizer, model)
     if fallback is None:
-        return None
+        advice = "per_example_method='loop'" if kind == "exact" else "jvp_method='double_vjp' or 'loop'"
+        what = "per-example" if kind == "exact" else "JL"
+        cause = "" if err is None else f" ({type(err).__name__}: {_first_line(err)})"
+        raise ValueError(
+            f"the {what} method {primary!r} crashed inside TensorFlow on this model's first step{cause}; "
+            f"nothing was released. Choose {advice}, which works for any model") from err
     checks.failed.assign(1.0)
     return primary
 
@@ -210,7 +216,7 @@ def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callab
                     "the private step of this model does not compile with XLA (jit_compile=True): "
                     f"{_first_line(err)}. Nothing was trained; compile the model with "
                     "jit_compile=False") from err
-            abandoned = engage_fallback(model.optimizer, model.base_model)
+            abandoned = engage_fallback(model.optimizer, model.base_model, err)
             if abandoned is None:
                 raise
             if model.distribute_strategy.num_replicas_in_sync > 1:

@@ -65,7 +65,18 @@ def _released(build: Callable[[], keras.Model], x, y, kind: str, drops, loss=CE,
         for v, s in zip(inner.variables, start):
             v.assign(s)
         optimizer.rng.reset_from_seed(0)
-        model.train_on_batch(x[rows], y[rows])
+        try:
+            model.train_on_batch(x[rows], y[rows])
+        except ValueError as err:
+            # pfor through a grouped convolution crashes inside TensorFlow on some CPUs (and
+            # computes wrong gradients on others, which the first step's check catches):
+            # nothing was released, the fallback is engaged, and the message says to rerun
+            if "run the step again" not in str(err):
+                raise
+            assert np.array_equal(np.concatenate([np.ravel(v.numpy()) for v in inner.variables]),
+                                  np.concatenate([np.ravel(s) for s in start]))
+            optimizer.rng.reset_from_seed(0)
+            model.train_on_batch(x[rows], y[rows])
         out.append(np.concatenate([np.ravel(start[i] - inner.variables[i].numpy()) for i in trainable]))
     for v, s in zip(inner.variables, start):
         v.assign(s)
