@@ -7,7 +7,8 @@ tape), plus the per-example LSTM kernel gradients, the whole JL(1) step
 (noise off and on), the JL(10) step and the exact step, and JL(1) in forward mode
 (``jvp_method="forward"``): the tangent pass through the LSTM loops
 (:mod:`fdp_tf.recurrent_tangents`) alone, and the whole step, the tangent pass followed by
-an ordinary taped forward + backward pass for the clipped sum. Times are medians of interleaved
+an ordinary taped forward + backward pass for the clipped sum; the same for JL(10), its ten
+directions vectorized in one tangent pass. Times are medians of interleaved
 rounds in one process; memory is the peak RSS above the traced state over three calls,
 each piece in its own process. ``--quick`` is a smoke test (4 tokens, batch 4).
 
@@ -31,7 +32,8 @@ from training import peak_rss_mib  # noqa: E402  (this directory: the script's, 
 
 PIECES = ("non-DP", "taps forward", "taps forward+backward", "taps forward+backward, one-shot tape",
           "+ per-example G_i", "JL(1), no noise", "JL(1)", "JL(10)", "exact",
-          "tangent pass (forward mode through the LSTM)", "JL(1) in forward mode: tangent pass + taped pass")
+          "tangent pass (forward mode through the LSTM)", "JL(1) in forward mode: tangent pass + taped pass",
+          "tangent pass, 10 directions vectorized", "JL(10) in forward mode: tangent pass + taped pass")
 
 
 def _pieces(batch: int, length: int) -> dict:
@@ -89,15 +91,17 @@ def _pieces(batch: int, length: int) -> dict:
                                         expected_batch_size=batch, per_example_method="layerwise",
                                         model=model).gradients
 
-    def tangent_pass():
-        return tangent_projections(forward, variables, model, [d[0] for d in sample_directions(variables, 1)])[0]
+    def tangent_pass(r: int):
+        return lambda: tangent_projections(forward, variables, model, sample_directions(variables, r))[0]
 
-    def jl_two_passes():
-        return jl_private_gradient(forward, variables, l2_norm_clip=1.0, noise_multiplier=1.0, jl_projections=1,
-                                   expected_batch_size=batch, jvp_method="forward", model=model).gradients
+    def jl_two_passes(r: int):
+        return lambda: jl_private_gradient(forward, variables, l2_norm_clip=1.0, noise_multiplier=1.0,
+                                           jl_projections=r, expected_batch_size=batch, jvp_method="forward",
+                                           model=model).gradients
 
     functions = [non_dp, taps(False, backward=False), taps(False), taps(False, persistent=False), taps(True),
-                 jl(1, 0.0), jl(1, 1.0), jl(10, 1.0), exact, tangent_pass, jl_two_passes]
+                 jl(1, 0.0), jl(1, 1.0), jl(10, 1.0), exact, tangent_pass(1), jl_two_passes(1), tangent_pass(10),
+                 jl_two_passes(10)]
     return {name: tf.function(f) for name, f in zip(PIECES, functions)}
 
 

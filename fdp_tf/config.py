@@ -82,17 +82,6 @@ class DPConfig:
             object.__setattr__(self, "jl_projections", r)
         _check_choice("jvp_method", self.jvp_method, JVP_METHODS)
         _check_choice("per_example_method", self.per_example_method, PER_EXAMPLE_METHODS)
-        if (
-            self.jvp_method == "forward"
-            and self.jl_projections is not None
-            and self.jl_projections > MAX_NESTED_FORWARD_PROJECTIONS
-        ):
-            raise ValueError(
-                f"jvp_method='forward' supports jl_projections <= "
-                f"{MAX_NESTED_FORWARD_PROJECTIONS} (nested forward accumulators grow "
-                f"the graph exponentially); got jl_projections={self.jl_projections}. "
-                "Use jvp_method='double_vjp' or 'auto'."
-            )
 
     @property
     def uses_jl(self) -> bool:

@@ -202,8 +202,9 @@ def jl_norm_estimates(
       jvp_method: ``"forward"``, ``"double_vjp"``, or ``"auto"`` (forward mode, and
         the double vjp where forward mode cannot pass through a loop of the model).
         Forward mode through a model whose loops are all plain Keras LSTM, GRU or
-        SimpleRNN layers carries the tangent in the loops, then records a second pass for
-        the clipped sum (r = 1, :func:`fdp_tf.recurrent_tangents.recorded_tangent_projections`).
+        SimpleRNN layers carries the r tangents together through the loops, then records a
+        second pass for the clipped sum
+        (:func:`fdp_tf.recurrent_tangents.recorded_tangent_projections`).
       directions: fixed directions (list of ``[r, *shape]``), for tests.
       model: the Keras model ``forward_fn`` runs (needed for forward mode through its loops).
 

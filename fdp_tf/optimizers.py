@@ -366,16 +366,24 @@ class _JLMixin(DPOptimizer):
         taps). Otherwise ``"layerwise"`` when every trainable variable belongs to a
         layer the taps handle (Dense, Conv1D/2D, Embedding, LSTM, GRU, SimpleRNN, also
         inside Bidirectional): one forward and one backward pass for any r, through
-        Keras's RNN loops too. Otherwise, for r = 1 when every loop is a plain Keras
-        LSTM, GRU or SimpleRNN, forward mode with the tangent carried through the loops and a second, taped
-        pass for the clipped sum (:mod:`fdp_tf.recurrent_tangents`; ``jvp_method="forward"``
-        asks for it on any such model: the least memory, about non-DP's, and slower than
-        the taps). Otherwise forward mode for r = 2 inside ``tf.function`` (nested
+        Keras's RNN loops too. Otherwise, when every loop is a plain Keras LSTM, GRU or
+        SimpleRNN, forward mode with the r tangents carried together through the loops and
+        a second, taped pass for the clipped sum (:mod:`fdp_tf.recurrent_tangents`;
+        ``jvp_method="forward"`` asks for it on any such model: for r = 1 the least memory,
+        about non-DP's, and slower than the taps; for r > 1 much slower than the taps). Otherwise forward mode for r = 2 inside ``tf.function`` (nested
         accumulators fail eagerly) when no looped RNN is in the way, else the
         double-vjp trick, about one extra backward pass per direction; a looped RNN on
         that route warns once, naming the layer.
         """
         method = self.dp_config.jvp_method
+        if method == "forward" and self.jl_projections > MAX_NESTED_FORWARD_PROJECTIONS:
+            reason = "no model given" if model is None else tangent_unsupported(model)
+            if reason is not None:
+                raise ValueError(
+                    f"jvp_method='forward' with jl_projections={self.jl_projections} > "
+                    f"{MAX_NESTED_FORWARD_PROJECTIONS} needs a model whose recurrent loops carry the r tangents "
+                    f"together ({reason}); elsewhere forward mode nests one accumulator per direction, which "
+                    "grows the graph exponentially. Use jvp_method='layerwise', 'double_vjp' or 'auto'.")
         if method != "auto":
             return method
         looped = looped_rnn_layers(model) if model is not None else []
@@ -383,7 +391,7 @@ class _JLMixin(DPOptimizer):
             return "auto"  # forward mode, or the double vjp if the trace meets another loop
         if model is not None and layerwise_unsupported(model) is None:
             return "layerwise"
-        if looped and self.jl_projections == 1 and tangent_unsupported(model) is None:
+        if looped and tangent_unsupported(model) is None:
             return "auto"  # forward mode carried through the loops, then a taped pass
         if looped:
             _warn_double_vjp(model, looped)

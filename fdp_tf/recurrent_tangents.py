@@ -23,17 +23,21 @@ The loop itself is hidden from the outer accumulator (its inputs enter through
 the outer accumulator watches with tangent 1: the primal is out, the tangent out_dot. The
 layers around the loops (Embedding, Dense, the loss) are differentiated by the outer
 accumulator as usual, so ``acc.jvp(losses)`` is P_i = <grad l_i, v> for every example,
-with no tape (:func:`tangent_projections`).
+with no tape. For r directions the pass runs under ``tf.vectorized_map`` over them: the
+primal computation does not depend on the direction and runs once, the r tangents travel
+together (:func:`tangent_projections`).
 
 The pass records nothing for a backward pass: the clipped sum comes from a second,
 ordinary forward and backward pass (:func:`recorded_tangent_projections`, the JL optimizers'
-``jvp_method="forward"`` for r = 1 on a model with recurrent loops). Both passes start from
+``jvp_method="forward"`` on a model with recurrent loops). Both passes start from
 the same state of every Keras ``SeedGenerator``, so they draw the same dropout masks, and a
 row whose loss differs between them gets no estimate (its norm is NaN: the step drops it,
 a clipping to 0); gradients that differ with equal losses are caught on the released sum
 (:meth:`TangentRecorded.consistent`, every step). No per-step, per-example tensor outlives
-the pass, so the step's memory is about a non-private step's (benchmarks/step_profile.py);
-it takes more time than the layer taps, which read everything from one pass.
+the pass, so for r = 1 the step's memory is about a non-private step's
+(benchmarks/step_profile.py); it takes more time than the layer taps, which read everything
+from one pass. For r > 1 the vectorized pass holds r tangents of every activation and costs
+about r times the tangent pass of one direction: the taps are faster at the same memory.
 """
 
 from __future__ import annotations
@@ -41,13 +45,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import keras
 import tensorflow as tf
 
 from fdp_tf.forward import ZERO, ForwardFn, RecordedForward, raw_variables, record_forward
 from fdp_tf.introspection import looped_rnn_layers, seed_states
 from fdp_tf.layerwise.recurrent import cell_step, initial_states, recurrent_outputs, split_bias, time_major_mask
 from fdp_tf.layerwise.support import tap_kind
-from fdp_tf.refusals import Check, refuse_unless
+from fdp_tf.refusals import Check, refuse_unless, repeated_later
 
 __all__ = ["RecurrentTangents", "TangentRecorded", "recorded_tangent_projections", "tangent_projections",
            "tangent_support", "tangent_unsupported"]
@@ -63,6 +68,9 @@ MISMATCH = ("the JL projections of the tangent pass are not those of the gradien
 RECURRENT_KINDS = ("lstm", "gru", "simple_rnn")
 
 
+# static introspection of the model: plain Python, kept out of AutoGraph's conversion when a
+# caller's tf.function traces it (an order-dependent wrong route was seen under pytest-xdist)
+@tf.autograph.experimental.do_not_convert
 def tangent_support(layer: Any) -> str | None:
     """None if :class:`RecurrentTangents` carries tangents through ``layer``'s loop (a plain
     Keras LSTM, GRU or SimpleRNN without cell dropout, not stateful), else why not."""
@@ -73,6 +81,7 @@ def tangent_support(layer: Any) -> str | None:
     return None
 
 
+@tf.autograph.experimental.do_not_convert
 def tangent_unsupported(model: Any) -> str | None:
     """None when :class:`RecurrentTangents` carries every looped Keras RNN of ``model``
     (there is at least one), else why not."""
@@ -210,13 +219,44 @@ def _tangent_pass(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
             tf.zeros([], losses.dtype) if regularization is None else tf.cast(regularization, losses.dtype))
 
 
+def _batched_tangent_pass(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
+                          directions: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(P [b, r], l [b], <grad regularization, v_j> [r]) for r directions (one ``[r, *shape]``
+    tensor per variable) in one pass: the tangent pass vectorized over the directions
+    (``tf.vectorized_map``), so the primal computation, which does not depend on the
+    direction, runs once and the r tangents travel together through every layer and loop.
+    An op the vectorization cannot batch raises rather than running the pass r times over
+    (which would also advance Keras's seed generators r times)."""
+    # the pass releases nothing and changes nothing: Keras variables (dropout seeds, moving
+    # statistics) are read, their updates kept in the scope and dropped; its checks are the
+    # taped pass's (repeated_later), which releases what they guard
+    with keras.StatelessScope(collect_losses=True), repeated_later():
+        if directions[0].shape[0] == 1:
+            projections, losses, regularization = _tangent_pass(forward_fn, variables, model,
+                                                                [d[0] for d in directions])
+            return projections[:, None], losses, regularization[None]
+        try:
+            projections, losses, regularization = tf.vectorized_map(
+                lambda direction: _tangent_pass(forward_fn, variables, model, list(direction)), tuple(directions),
+                fallback_to_while_loop=False)
+        except ValueError as err:
+            if "No pfor vectorization defined" not in str(err):
+                raise
+            raise ValueError(
+                f"jvp_method='forward' with jl_projections={directions[0].shape[0]} runs the model's forward "
+                "pass vectorized over the directions (tf.vectorized_map), which cannot batch an op of it: "
+                f"{str(err).splitlines()[0]} (e.g. state kept in a tf.Variable outside Keras). Use "
+                "jvp_method='layerwise' or jl_projections=1") from err
+    return tf.transpose(projections), losses[0], regularization
+
+
 def tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
-                        direction: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-    """(P, l): P_i = <grad l_i, v> for one direction ``direction`` (one tensor per variable),
-    by one forward pass in forward mode with the tangents carried in the recurrent loops,
-    and the pass's per-example losses; both of shape [b]. Nothing is recorded for a
-    backward pass."""
-    projections, losses, _ = _tangent_pass(forward_fn, variables, model, direction)
+                        directions: Sequence[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+    """(P, l): P_ij = <grad l_i, v_j> for r directions ``directions`` (one ``[r, *shape]``
+    tensor per variable), shape [b, r], by one forward pass in forward mode with the r
+    tangents carried together through the recurrent loops, and the pass's per-example
+    losses [b]. Nothing is recorded for a backward pass."""
+    projections, losses, _ = _batched_tangent_pass(forward_fn, variables, model, directions)
     return projections, losses
 
 
@@ -235,36 +275,43 @@ class TangentRecorded(RecordedForward):
 
     def consistent(self, clipped: Sequence[tf.Tensor], factors: tf.Tensor, batch: Any) -> list[Check]:
         """Refuse the step unless the released sum S = sum_i c_i g_i / B (+ the
-        regularization's gradient) has the projection the tangent pass predicts:
+        regularization's gradient) has the projections the tangent pass predicts, on
+        every direction j:
 
-            <S, v> = sum_i c_i P_i / B + <grad regularization, v>
+            <S, v_j> = sum_i c_i P_ij / B + <grad regularization, v_j>
 
         Both sides are computed anyway; the two passes are only trusted to be one
-        computation (M_i estimating the norm of the released g_i) if this holds. v is
-        secret and fresh each step, so a model that changes its gradients between the
-        passes cannot aim its change at the one direction checked."""
+        computation (M_i estimating the norm of the released g_i) if this holds. The v_j
+        are secret and fresh each step, so a model that changes its gradients between the
+        passes cannot aim its change at the directions checked. With r = 1 a clipped row
+        has c_i P_i = +-C: on a step where every row is clipped and the signs balance,
+        both sides are 0 and a change passes that step (for r > 1, c_i P_ij is not +-C)."""
         f64 = tf.float64
-        terms = [tf.reshape(tf.cast(g, f64) * tf.cast(d[0], f64), [-1]) for g, d in zip(clipped, self.direction)]
-        released = tf.add_n([tf.reduce_sum(t) for t in terms])
-        weighted = tf.cast(factors, f64) * tf.cast(self.projections[:, 0], f64) / tf.cast(batch, f64)
-        weighted = tf.where(tf.cast(factors, f64) > 0, weighted, tf.zeros_like(weighted))  # P_i NaN: c_i = 0
-        predicted = tf.reduce_sum(weighted) + tf.cast(self.regularization_tangent, f64)
+        # one matrix-vector product per variable: no [r, *shape] temporary (the route's point is
+        # its memory); float32 products, summed over the variables in float64
+        released = tf.add_n([tf.cast(tf.linalg.matvec(tf.reshape(d, [tf.shape(d)[0], -1]),
+                                                      tf.reshape(tf.cast(tf.convert_to_tensor(g), d.dtype), [-1])), f64)
+                             for g, d in zip(clipped, self.direction)])  # [r]
+        c = tf.cast(factors, f64)[:, None]
+        weighted = c * tf.cast(self.projections, f64) / tf.cast(batch, f64)  # [b, r]
+        weighted = tf.where(c > 0, weighted, tf.zeros_like(weighted))  # P_i NaN: c_i = 0
+        regularization = tf.cast(self.regularization_tangent, f64)
+        predicted = tf.reduce_sum(weighted, axis=0) + regularization
         # relative to the terms' size, as the first-step method check (fdp_tf.probes): a
         # scale of sum_k |S_k v_k| would grow with sqrt(parameters) and let a gradient
         # scaled by 1.5 pass
-        scale = (tf.abs(released) + tf.reduce_sum(tf.abs(weighted))
-                 + tf.abs(tf.cast(self.regularization_tangent, f64)))
-        agree = tf.abs(released - predicted) <= SUM_RTOL * scale + 1e-30
+        scale = tf.abs(released) + tf.reduce_sum(tf.abs(weighted), axis=0) + tf.abs(regularization)
+        agree = tf.reduce_all(tf.abs(released - predicted) <= SUM_RTOL * scale + 1e-30)
         # a non-finite sum (a NaN row's 0 * NaN reaches every row) is not released: the step
         # reruns without the non-finite rows, checked again there, or stops (fdp_tf.nonfinite)
-        finite = tf.logical_and(tf.math.is_finite(released), tf.math.is_finite(predicted))
+        finite = tf.reduce_all(tf.logical_and(tf.math.is_finite(released), tf.math.is_finite(predicted)))
         return refuse_unless(tf.logical_or(tf.logical_not(finite), agree), MISMATCH)
 
 
 def recorded_tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
                                  directions: Sequence[tf.Tensor]) -> TangentRecorded:
-    """The JL projections of one direction (``directions``: one ``[1, *shape]`` tensor per
-    variable) by a tangent pass, then the same forward pass recorded on a tape for the
+    """The JL projections of r directions (``directions``: one ``[r, *shape]`` tensor per
+    variable) by one tangent pass, then the same forward pass recorded on a tape for the
     clipped sum.
 
     The second pass starts from the Keras seed states the first started from, so both draw
@@ -275,12 +322,9 @@ def recorded_tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any]
     with equal losses are caught on the released sum (:meth:`TangentRecorded.consistent`).
     The tape is one-shot.
     """
-    if directions[0].shape[0] != 1:
-        raise ValueError(f"the tangent pass carries one JL direction; got {directions[0].shape[0]} (use "
-                         "jvp_method='layerwise' for jl_projections > 1)")
     seeds = seed_states(model)
     start = [tf.identity(tf.convert_to_tensor(s)) for s in seeds]
-    projections, first, regularization = _tangent_pass(forward_fn, variables, model, [d[0] for d in directions])
+    projections, first, regularization = _batched_tangent_pass(forward_fn, variables, model, directions)
     with tf.control_dependencies([projections, first]):
         for state, value in zip(seeds, start):
             state.assign(value)
@@ -288,5 +332,6 @@ def recorded_tangent_projections(forward_fn: ForwardFn, variables: Sequence[Any]
     losses = recorded.forward.per_example_losses
     first = tf.cast(first, losses.dtype)
     same = tf.abs(first - losses) <= LOSS_RTOL * (tf.abs(first) + tf.abs(losses)) + 1e-6
-    projections = tf.where(same, tf.cast(projections, losses.dtype), tf.constant(float("nan"), losses.dtype))
-    return TangentRecorded(recorded.tape, recorded.forward, projections[:, None], tuple(directions), regularization)
+    projections = tf.where(same[:, None], tf.cast(projections, losses.dtype),
+                           tf.constant(float("nan"), losses.dtype))
+    return TangentRecorded(recorded.tape, recorded.forward, projections, tuple(directions), regularization)

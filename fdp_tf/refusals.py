@@ -35,7 +35,8 @@ import tensorflow as tf
 
 from fdp_tf.randomness import num_replicas
 
-__all__ = ["REFUSED", "Check", "RefusalRecord", "as_value_error", "gated", "recording", "refuse_unless"]
+__all__ = ["REFUSED", "Check", "RefusalRecord", "as_value_error", "gated", "recording", "refuse_unless",
+           "repeated_later"]
 
 #: Starts the message of every run-time refusal (how a graph error is recognised).
 REFUSED = "private step refused: "
@@ -103,6 +104,23 @@ def recording(record: RefusalRecord) -> Iterator[None]:
         _ACTIVE.pop()
 
 
+_REPEATED: list[bool] = []
+
+
+@contextlib.contextmanager
+def repeated_later() -> Iterator[None]:
+    """Inside, a check that is not known at trace time adds no ops (it returns no
+    :class:`Check`): for a pass that releases nothing and whose every check the pass after
+    it makes again on the same computation (the tangent pass of forward mode through
+    recurrent loops, vectorized over directions, where an assertion or a counter's update
+    cannot be batched)."""
+    _REPEATED.append(True)
+    try:
+        yield
+    finally:
+        _REPEATED.pop()
+
+
 def refuse_unless(ok: Any, message: str) -> list[Check]:
     """Refuse the step unless ``ok`` (a boolean scalar) holds.
 
@@ -117,6 +135,8 @@ def refuse_unless(ok: Any, message: str) -> list[Check]:
     if known is not None or tf.executing_eagerly():
         if not bool(ok if known is None else known):
             raise ValueError(REFUSED + message)
+        return []
+    if _REPEATED:
         return []
     ok = tf.convert_to_tensor(ok)
     ops = []

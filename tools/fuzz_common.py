@@ -17,26 +17,27 @@ import fdp_tf
 CLIP = 0.1
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 JL_PROJECTIONS = 3
-#: ``"jl_forward"``: one direction in forward mode, through the recurrent loops a tangent pass
-#: then a taped pass (fdp_tf.recurrent_tangents)
-JL_FORWARD_PROJECTIONS = 1
+#: ``"jl_forward"`` / ``"jl_forward_batched"``: one / three directions in forward mode, through
+#: the recurrent loops a tangent pass (the directions vectorized) then a taped pass
+#: (fdp_tf.recurrent_tangents)
+JL_FORWARD_PROJECTIONS = {"jl_forward": 1, "jl_forward_batched": 3}
 
 
 def jl_projections_of(kind: str) -> int:
-    """r of the fuzzer's optimizer ``kind`` (``"jl"`` or ``"jl_forward"``)."""
-    return JL_FORWARD_PROJECTIONS if kind == "jl_forward" else JL_PROJECTIONS
+    """r of the fuzzer's optimizer ``kind`` (``"jl"``, ``"jl_forward"``, ``"jl_forward_batched"``)."""
+    return JL_FORWARD_PROJECTIONS.get(kind, JL_PROJECTIONS)
 
 
 def make_optimizer(kind: str, sigma: float, batch: int, learning_rate: float,
                    seed: int | None = None) -> fdp_tf.DPOptimizer:
-    """DP-SGD-JL (``kind="jl"``; ``"jl_forward"``: r = 1 in forward mode) or exact DP-SGD at the
-    fuzzer's clip norm."""
+    """DP-SGD-JL (``kind="jl"``; ``"jl_forward"``, ``"jl_forward_batched"``: r = 1, 3 in forward
+    mode) or exact DP-SGD at the fuzzer's clip norm."""
     common = dict(l2_norm_clip=CLIP, noise_multiplier=sigma, expected_batch_size=batch,
                   learning_rate=learning_rate, seed=seed)
     if kind == "jl":
         return fdp_tf.DPSGDJL(jl_projections=JL_PROJECTIONS, **common)
-    if kind == "jl_forward":
-        return fdp_tf.DPSGDJL(jl_projections=JL_FORWARD_PROJECTIONS, jvp_method="forward", **common)
+    if kind in JL_FORWARD_PROJECTIONS:
+        return fdp_tf.DPSGDJL(jl_projections=JL_FORWARD_PROJECTIONS[kind], jvp_method="forward", **common)
     return fdp_tf.DPSGDVanilla(**common)
 
 

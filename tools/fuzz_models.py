@@ -71,15 +71,18 @@ class OutlierMean(L.Layer):
 
 
 def _norm_layer(rng: np.random.Generator, rank: int, features: int) -> L.Layer:
-    """A normalisation on a random axis of a rank-``rank`` tensor (0: the batch axis)."""
+    """A normalisation on a random axis of a rank-``rank`` tensor (0: the batch axis, which
+    mixes rows; the layers with weights take the last axis instead: Keras cannot build weights
+    of the batch's undefined size, and such a case crashed the search)."""
     axis = int(rng.integers(0, rank)) if rng.random() < 0.5 else -1
     kind = str(rng.choice(["layer_norm", "unit_norm", "softmax", "group_norm"]))
+    weighted_axis = -1 if axis == 0 else axis
     if kind == "layer_norm":
-        return L.LayerNormalization(axis=axis)
+        return L.LayerNormalization(axis=weighted_axis)
     if kind == "unit_norm":
         return L.UnitNormalization(axis=axis)
     if kind == "group_norm" and features % 2 == 0:
-        return L.GroupNormalization(groups=2, axis=axis if axis in (0, -1, rank - 1) else -1)
+        return L.GroupNormalization(groups=2, axis=weighted_axis if weighted_axis in (-1, rank - 1) else -1)
     return L.Softmax(axis=axis)
 
 
@@ -185,5 +188,6 @@ def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[st
                 str(rng.choice(LEDGER_PATHS)), dropout[0], build, x, y)
     # drawn last, so the draws above (and every earlier seed's case) are unchanged
     if case.family == "recurrent" and case.optimizer == "jl" and rng.random() < 0.5:
-        case.optimizer = "jl_forward"  # one direction carried through the loops in forward mode
+        # the directions carried through the loops in forward mode: one, or three vectorized
+        case.optimizer = "jl_forward" if rng.random() < 0.5 else "jl_forward_batched"
     return case

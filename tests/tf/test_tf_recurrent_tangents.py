@@ -83,28 +83,40 @@ def _forward(model: keras.Model, x: np.ndarray, y: np.ndarray):
     return run
 
 
-def _reference(model: keras.Model, forward, direction: list[tf.Tensor]) -> np.ndarray:
+def _reference(model: keras.Model, forward, directions: list[tf.Tensor]) -> np.ndarray:
+    """[b, r]: <g_i, v_j> from exact per-example gradients, one backward pass each."""
     variables = model.trainable_variables
     grads = per_example_gradients(record_forward(forward, persistent=True), variables, vectorized=False)
-    return sum(g.numpy().reshape(len(g), -1).astype(np.float64) @ d.numpy().reshape(-1).astype(np.float64)
-               for g, d in zip(grads, direction))
+    return sum(g.numpy().reshape(len(g), -1).astype(np.float64)
+               @ d.numpy().reshape(len(d), -1).astype(np.float64).T for g, d in zip(grads, directions))
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_tangent_pass_matches_exact_per_example_projections(name: str) -> None:
-    model = MODELS[name]()
+def _check_projections(model: keras.Model, r: int, seed: int) -> None:
     x, y = _data()
     model(x)
     assert tangent_unsupported(model) is None
     variables = model.trainable_variables
     forward = _forward(model, x, y)
-    for k in range(2):
-        direction = [tf.random.stateless_normal(tuple(v.shape), seed=[k, j]) for j, v in enumerate(variables)]
-        got, losses = tf.function(lambda: tangent_projections(forward, variables, model, direction))()
-        want = _reference(model, forward, direction)
-        np.testing.assert_allclose(losses.numpy(), forward().per_example_losses.numpy(), rtol=1e-5)
-        np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
-        assert np.min(np.abs(want)) > 1e-4  # projections that say something
+    directions = [tf.random.stateless_normal((r, *v.shape), seed=[seed, j]) for j, v in enumerate(variables)]
+    got, losses = tf.function(lambda: tangent_projections(forward, variables, model, directions))()
+    want = _reference(model, forward, directions)
+    assert got.shape == want.shape == (len(x), r)
+    np.testing.assert_allclose(losses.numpy(), forward().per_example_losses.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert np.min(np.abs(want)) > 1e-5  # projections that say something
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("r", [1, 4])
+def test_tangent_pass_matches_exact_per_example_projections(name: str, r: int) -> None:
+    _check_projections(MODELS[name](), r, seed=r)
+
+
+@pytest.mark.parametrize("name", ["bilstm_dropout_unmasked", "initial_state"])
+def test_sixteen_directions_travel_together(name: str) -> None:
+    """r tangents in one vectorized pass: under dropout (the masks drawn once, not per
+    direction) and with masks and an initial state."""
+    _check_projections(MODELS[name](), 16, seed=16)
 
 
 def test_unsupported_layers_are_named() -> None:
@@ -172,21 +184,23 @@ class _Scale(L.Layer):
         return inputs * self.scale
 
 
-def test_auto_takes_forward_mode_where_the_taps_cannot() -> None:
-    optimizer = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=8, jl_projections=1)
+@pytest.mark.parametrize("r", [1, 5])
+def test_auto_takes_forward_mode_where_the_taps_cannot(r: int) -> None:
+    optimizer = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=8, jl_projections=r)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # no double-vjp warning
+        warnings.simplefilter("error", RuntimeWarning)  # no double-vjp warning, whatever r
         assert optimizer.resolve_jvp_method(_text_model(L.Bidirectional(L.GRU(3)), _Scale())) == "auto"
     assert optimizer.resolve_jvp_method(_text_model(L.GRU(3))) == "layerwise"  # faster, more memory
     with pytest.warns(RuntimeWarning, match="double vjp"):  # a loop forward mode cannot carry
         optimizer.resolve_jvp_method(_text_model(L.GRU(3, dropout=0.1), _Scale()))
 
 
-def test_fit_trains_through_the_loops_in_forward_mode() -> None:
+@pytest.mark.parametrize("r", [1, 3])
+def test_fit_trains_through_the_loops_in_forward_mode(r: int) -> None:
     model = _text_model(L.GRU(3), L.Dropout(0.2))
     x, y = _data(16)
     optimizer = fdp_tf.DPSGDJL(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=8, learning_rate=0.1,
-                               jl_projections=1, jvp_method="forward")
+                               jl_projections=r, jvp_method="forward")
     private = fdp_tf.PrivateModel(model)
     private.compile(optimizer=optimizer, loss=CE)
     with warnings.catch_warnings():
@@ -254,6 +268,23 @@ def test_two_passes_that_differ_only_in_their_gradients_are_refused() -> None:
         jl_private_gradient(lambda: ForwardPass(CE(y, model(x, training=True))), model.trainable_variables,
                             l2_norm_clip=100.0, noise_multiplier=1.0, jl_projections=1, expected_batch_size=8,
                             rng=tf.random.Generator.from_seed(1), jvp_method="forward", model=model)
+
+
+def test_with_several_directions_a_change_is_seen_when_every_row_is_clipped() -> None:
+    """With r = 1 a clipped row's c_i P_i is +-C, and a step whose signs balance shows no
+    change (the gap the test above avoids by clipping nothing); with r > 1, c_i P_ij is
+    not +-C, and the check on every direction refuses the 1.5x gradients with every row
+    clipped."""
+    model = _text_model(L.LSTM(3), _AlternatingGradientScale(), masked=False)
+    x, y = _data(8)
+    model(x)
+    forward = lambda: ForwardPass(CE(y, model(x, training=True)))  # noqa: E731
+    recorded, norms = jl_norm_estimates(forward, model.trainable_variables, 3, jvp_method="forward", model=model)
+    assert float(tf.reduce_min(norms)) > 1e-3  # C = 1e-4 clips every row
+    with pytest.raises(ValueError, match="not those of the gradients the taped pass released"):
+        jl_private_gradient(forward, model.trainable_variables, l2_norm_clip=1e-4, noise_multiplier=1.0,
+                            jl_projections=3, expected_batch_size=8, rng=tf.random.Generator.from_seed(1),
+                            jvp_method="forward", model=model)
 
 
 def test_a_row_with_a_nan_loss_is_dropped_not_the_step_refused() -> None:

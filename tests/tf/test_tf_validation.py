@@ -52,8 +52,9 @@ def test_bad_clip_noise_batch(make, kwargs, name) -> None:
 def test_bad_methods() -> None:
     with pytest.raises(ValueError, match="jvp_method"):
         fdp_tf.DPSGDJL(jl_projections=1, jvp_method="reverse", **GOOD)
-    with pytest.raises(ValueError, match="jvp_method='forward' supports jl_projections"):
-        fdp_tf.DPSGDJL(jl_projections=3, jvp_method="forward", **GOOD)
+    nested = fdp_tf.DPSGDJL(jl_projections=3, jvp_method="forward", **GOOD)  # r tangents through loops only
+    with pytest.raises(ValueError, match="jvp_method='forward' with jl_projections=3 > 2 needs a model"):
+        nested.resolve_jvp_method(dense_model())
     with pytest.raises(ValueError, match="per_example_method"):
         fdp_tf.DPSGDVanilla(per_example_method="magic", **GOOD)
 
