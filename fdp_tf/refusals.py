@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -104,21 +105,23 @@ def recording(record: RefusalRecord) -> Iterator[None]:
         _ACTIVE.pop()
 
 
-_REPEATED: list[bool] = []
+#: per thread: a tf.distribute strategy traces its replicas' steps in threads at once, and one
+#: replica's tangent pass must not drop another replica's checks
+_REPEATED = threading.local()
 
 
 @contextlib.contextmanager
 def repeated_later() -> Iterator[None]:
-    """Inside, a check that is not known at trace time adds no ops (it returns no
-    :class:`Check`): for a pass that releases nothing and whose every check the pass after
-    it makes again on the same computation (the tangent pass of forward mode through
-    recurrent loops, vectorized over directions, where an assertion or a counter's update
-    cannot be batched)."""
-    _REPEATED.append(True)
+    """Inside (in this thread), a check that is not known at trace time adds no ops (it
+    returns no :class:`Check`): for a pass that releases nothing and whose every check the
+    pass after it makes again on the same computation (the tangent pass of forward mode
+    through recurrent loops, vectorized over directions, where an assertion or a counter's
+    update cannot be batched)."""
+    _REPEATED.depth = getattr(_REPEATED, "depth", 0) + 1
     try:
         yield
     finally:
-        _REPEATED.pop()
+        _REPEATED.depth -= 1
 
 
 def refuse_unless(ok: Any, message: str) -> list[Check]:
@@ -136,7 +139,7 @@ def refuse_unless(ok: Any, message: str) -> list[Check]:
         if not bool(ok if known is None else known):
             raise ValueError(REFUSED + message)
         return []
-    if _REPEATED:
+    if getattr(_REPEATED, "depth", 0):
         return []
     ok = tf.convert_to_tensor(ok)
     ops = []

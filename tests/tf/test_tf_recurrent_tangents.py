@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
+import threading
 import warnings
 
 import keras
@@ -24,6 +25,7 @@ from fdp_tf.introspection import seed_states
 from fdp_tf.jl import jl_norm_estimates, jl_private_gradient
 from fdp_tf.per_example import per_example_gradients
 from fdp_tf.recurrent_tangents import tangent_projections, tangent_support, tangent_unsupported
+from fdp_tf.refusals import refuse_unless, repeated_later
 from tf_helpers import CE, padded_tokens
 
 L = keras.layers
@@ -304,3 +306,20 @@ def test_a_row_with_a_nan_loss_is_dropped_not_the_step_refused() -> None:
         warnings.simplefilter("ignore")
         private.train_on_batch(x, y)
     assert all(np.all(np.isfinite(w)) for w in model.get_weights())
+
+
+def test_a_deferred_check_is_dropped_in_its_own_thread_only() -> None:
+    """The tangent pass traces its checks away (the taped pass repeats them); a distribution
+    strategy traces replicas in threads at once, so another thread's checks must stay."""
+    added: dict[str, int] = {}
+
+    def trace(name: str) -> None:
+        tf.function(lambda x: added.setdefault(name, len(refuse_unless(x > 0, "m"))) and x)(tf.constant(1.0))
+
+    with repeated_later():
+        trace("inside")
+        other = threading.Thread(target=trace, args=("other thread",))
+        other.start()
+        other.join()
+    trace("after")
+    assert added == {"inside": 0, "other thread": 1, "after": 1}
