@@ -143,8 +143,6 @@ class RecurrentTangents:
     def _recurrent(self, layer: Any, kind: str, sequences: tf.Tensor, initial_state: Any, mask: Any) -> Any:
         cell, dtype = layer.cell, layer.compute_dtype
         x, x_dot = self._with_tangent(sequences, dtype)
-        if layer.go_backwards:
-            x, x_dot = tf.reverse(x, [1]), tf.reverse(x_dot, [1])
         kernel, recurrent = _stopped(cell.kernel, dtype), _stopped(cell.recurrent_kernel, dtype)
         v_kernel, v_recurrent = self._tangent(cell.kernel, dtype), self._tangent(cell.recurrent_kernel, dtype)
         input_bias, recurrent_bias = split_bias(kind, cell, _stopped(cell.bias, dtype) if cell.use_bias else None)
@@ -162,8 +160,7 @@ class RecurrentTangents:
         weights = [recurrent] + ([recurrent_bias] if recurrent_bias is not None else [])
         weight_dots = [v_recurrent] + ([v_recurrent_bias] if recurrent_bias is not None else [])
         n = len(states)
-        xs, xs_dot = tf.transpose(x, [1, 0, 2]), tf.transpose(x_dot, [1, 0, 2])
-        steps = tf.shape(xs)[0]
+        steps = tf.shape(x)[1]
         keep = layer.return_sequences
         arrays = (tf.TensorArray(dtype, size=steps), tf.TensorArray(dtype, size=steps)) if keep else ()
 
@@ -171,7 +168,11 @@ class RecurrentTangents:
         # would outlive the loop (the memory a non-private step does not hold)
         def body(t: tf.Tensor, *carry: Any) -> tuple:
             state, dot, kept = list(carry[:n]), list(carry[n:2 * n]), carry[2 * n:]
-            x_t, xd_t = xs[t], xs_dot[t]
+            # read step t of the batch-major input and its tangent in place: a reversed or
+            # time-major copy of the tangents ([r, b, T, d] under the directions' map) would
+            # outlive the loop
+            at = steps - 1 - t if layer.go_backwards else t
+            x_t, xd_t = x[:, at], x_dot[:, at]
             proj = tf.linalg.matmul(x_t, kernel)
             proj_dot = tf.linalg.matmul(xd_t, kernel) + tf.linalg.matmul(x_t, v_kernel)
             if input_bias is not None:

@@ -98,6 +98,9 @@ class StepChecks:
         self.traces = 0
         self.used: set[int] = set()
 
+    # plain Python at trace time: AutoGraph, converting it inside the traced step, failed on the
+    # annotated assignment ("Please report this to the TensorFlow team" on every first trace)
+    @tf.autograph.experimental.do_not_convert
     def next_slot(self) -> int | None:
         if tf.executing_eagerly():
             slot: int | None = 0

@@ -24,7 +24,8 @@ from fdp_tf.forward import ForwardPass, record_forward
 from fdp_tf.introspection import seed_states
 from fdp_tf.jl import jl_norm_estimates, jl_private_gradient
 from fdp_tf.per_example import per_example_gradients
-from fdp_tf.recurrent_tangents import tangent_projections, tangent_support, tangent_unsupported
+from fdp_tf.recurrent_tangents import (TangentRecorded, recorded_tangent_projections, tangent_projections,
+                                       tangent_support, tangent_unsupported)
 from fdp_tf.refusals import refuse_unless, repeated_later
 from tf_helpers import CE, padded_tokens
 
@@ -287,6 +288,58 @@ def test_with_several_directions_a_change_is_seen_when_every_row_is_clipped() ->
         jl_private_gradient(forward, model.trainable_variables, l2_norm_clip=1e-4, noise_multiplier=1.0,
                             jl_projections=3, expected_batch_size=8, rng=tf.random.Generator.from_seed(1),
                             jvp_method="forward", model=model)
+
+
+@pytest.mark.parametrize("wrong", [1, 2])
+def test_the_released_sum_is_checked_on_every_direction(wrong: int) -> None:
+    """Projections right on direction 0 and 1.5x on one other: the check must refuse (one
+    that read only the first direction would pass). Exact arithmetic on chosen values: the
+    test of the check alone, without a model."""
+    rng = np.random.default_rng(0)
+    b, r, shapes = 5, 3, [(4, 3), (3,)]
+    grads = [rng.normal(size=(b, *s)).astype(np.float32) for s in shapes]
+    directions = [tf.constant(rng.normal(size=(r, *s)).astype(np.float32)) for s in shapes]
+    projections = sum(g.reshape(b, -1).astype(np.float64) @ d.numpy().reshape(r, -1).T.astype(np.float64)
+                      for g, d in zip(grads, directions))  # [b, r]
+    factors = np.array([1.0, 0.5, 0.25, 1.0, 0.0])
+    released = [tf.constant(np.tensordot(factors, g, axes=1) / b, tf.float32) for g in grads]
+    with tf.GradientTape() as tape:
+        forward = ForwardPass(tf.zeros([b]))
+
+    def check(p: np.ndarray) -> None:
+        recorded = TangentRecorded(tape, forward, tf.constant(p, tf.float32), tuple(directions), tf.zeros([]))
+        recorded.consistent(released, tf.constant(factors, tf.float32), b)
+
+    check(projections)  # the true projections pass
+    changed = projections.copy()
+    changed[:, wrong] *= 1.5
+    with pytest.raises(ValueError, match="not those of the gradients the taped pass released"):
+        check(changed)
+
+
+def test_the_tangent_pass_leaves_moving_statistics_alone() -> None:
+    """A BatchNormalization's moving statistics move once per step, in the taped pass: the
+    tangent pass before it reads them and drops its updates (keras.StatelessScope)."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((STEPS,), dtype="int32"), L.Embedding(VOCAB, 5), L.BatchNormalization(),
+                              L.LSTM(4), L.Dense(3)])
+    x, y = _data(8)
+    model(x)
+    moving = [w for w in model.non_trainable_variables if "moving" in w.path]
+    start = [w.numpy().copy() for w in moving]
+    forward = lambda: ForwardPass(CE(y, model(x, training=True)))  # noqa: E731
+    forward()
+    once = [w.numpy().copy() for w in moving]
+    assert not all(np.allclose(a, b) for a, b in zip(start, once))  # a step moves them
+    for w, value in zip(moving, start):
+        w.assign(value)
+    variables = model.trainable_variables
+    for r in (1, 3):
+        directions = [tf.random.stateless_normal((r, *v.shape), seed=[r, j]) for j, v in enumerate(variables)]
+        tf.function(lambda: recorded_tangent_projections(forward, variables, model, directions).projections)()
+        for w, want, value in zip(moving, once, start):
+            np.testing.assert_allclose(w.numpy(), want, rtol=1e-6, atol=1e-7)
+            w.assign(value)
 
 
 def test_a_row_with_a_nan_loss_is_dropped_not_the_step_refused() -> None:

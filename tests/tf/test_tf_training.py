@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 pytest.importorskip("tensorflow", minversion="2.16")
@@ -9,6 +11,7 @@ pytest.importorskip("keras", minversion="3.0")
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import fdp_tf
 from tf_helpers import (
@@ -257,3 +260,45 @@ def test_weight_regularizer_trains_with_every_exact_method(method: str) -> None:
     data = fdp_tf.poisson_batches(x, y, expected_batch_size=8, steps_per_epoch=2, seed=0)
     history = model.fit(data, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][-1]) and model.optimizer.steps == 2
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_custom_loop_in_tf_function_makes_autograph_warn_about_nothing() -> None:
+    """A user's tf.function converts what it calls with AutoGraph, fdp_tf's step included:
+    its Python helpers must be plain Python to AutoGraph or convert cleanly. 'Could not
+    transform ... Please report this to the TensorFlow team' on a user's first trace (it
+    was logged for the trace-slot bookkeeping) says something is broken when nothing is.
+    AutoGraph warns once per function and process: tests/tf/test_tf_autograph.py converts
+    every function of the package instead, whatever ran before."""
+    x, y = dense_data(n=32)
+    model = dense_model()
+    dp = fdp_tf.DPSGDJL(jl_projections=1, learning_rate=0.1, **DP)
+    dp.expected_batch_size = 32
+
+    @tf.function
+    def step() -> tf.Tensor:
+        def forward() -> fdp_tf.ForwardPass:
+            out = model(x, training=True)
+            return fdp_tf.ForwardPass(CE(y, out), None, out)
+
+        result = dp.compute_private_gradients(forward, model.trainable_variables,
+                                              forward_on_indices=on_indices(model, x, y))
+        dp.apply_gradients(zip(result.gradients, model.trainable_variables))
+        return result.norms
+
+    collect = _Collect()
+    logger = tf.get_logger()
+    logger.addHandler(collect)
+    try:
+        assert step().shape == (32,)
+    finally:
+        logger.removeHandler(collect)
+    assert not [m for m in collect.messages if "AutoGraph" in m], collect.messages
