@@ -37,7 +37,8 @@ a clipping to 0); gradients that differ with equal losses are caught on the rele
 the pass, so for r = 1 the step's memory is about a non-private step's
 (benchmarks/step_profile.py); it takes more time than the layer taps, which read everything
 from one pass. For r > 1 the vectorized pass holds r tangents of every activation and costs
-about r times the tangent pass of one direction: the taps are faster at the same memory.
+about r times the tangent pass of one direction (the primal recurrence runs once; the
+tangents' products are r times one direction's): the taps are faster, this pass lighter.
 """
 
 from __future__ import annotations
