@@ -99,7 +99,7 @@ class StepChecks:
         self.used: set[int] = set()
 
     # plain Python at trace time: AutoGraph, converting it inside the traced step, failed on the
-    # annotated assignment ("Please report this to the TensorFlow team" on every first trace)
+    # annotated assignment ("Please report this to the TensorFlow team" in a user's tf.function)
     @tf.autograph.experimental.do_not_convert
     def next_slot(self) -> int | None:
         if tf.executing_eagerly():
