@@ -6,9 +6,10 @@ Only public attributes are used: ``Model.layers``, ``Wrapper.layer``,
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import keras
+import tensorflow as tf
 
 __all__ = ["iter_layers", "looped_rnn_layers", "seed_states"]
 
@@ -52,3 +53,22 @@ def seed_states(model: Any) -> list[Any]:
         return []
     weights = {id(w) for w in model.weights}
     return [v for v in model.variables if id(v) not in weights and "int" in str(v.dtype)]
+
+
+def seed_rewind(model: Any) -> Callable[[], None]:
+    """A rewind to ``model``'s seed states as they are now: after it, the next training pass
+    draws the random numbers (dropout masks) the first pass from now draws.
+
+    A step whose released pass is not its first (the layer taps record a fresh pass where
+    they cannot be used, or where they missed a use of a weight) rewinds before it, so the
+    release is computed under the masks of the step's first pass whichever route runs: the
+    discarded pass released nothing, and every route draws alike (the privacy fuzzer's
+    reference, a fresh model's first pass, holds for each)."""
+    states = seed_states(model)
+    start = [tf.identity(tf.convert_to_tensor(s)) for s in states]
+
+    def rewind() -> None:
+        for state, value in zip(states, start):
+            state.assign(value)
+
+    return rewind

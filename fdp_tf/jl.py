@@ -42,11 +42,13 @@ from fdp_tf.forward import (
     raw_variables,
     record_forward,
 )
+from fdp_tf.introspection import seed_rewind
 from fdp_tf.layerwise import layerwise_pieces, layerwise_projections, reconstructed_sum
 from fdp_tf.per_example import streamed_clipped_sum
 from fdp_tf.randomness import DIRECTIONS_STREAM, step_randomness
 from fdp_tf.recurrent_tangents import TangentRecorded, recorded_tangent_projections, tangent_unsupported
 from fdp_tf.refusals import gated
+from fdp_tf.second_order import without_second_order
 
 __all__ = [
     "double_vjp_projections",
@@ -339,7 +341,16 @@ def layerwise_jl_gradient(
     # the other examples, so removing one example would move the others' clipped terms
     # under the same randomness (the privacy fuzzer measured 0.87 C)
     directions = sample_directions(variables, jl_projections, draws)
+    rewind = seed_rewind(model)  # a fresh pass below draws the masks of the first
     found = layerwise_pieces(forward_fn, variables, model, draws)
+    if found.pieces is None and without_second_order(model) is not None:
+        # nothing differentiates this backward pass (fdp_tf.second_order): exact projections
+        rewind()
+        clipped, norms, factors = loop_jl_clipped(record_forward(forward_fn, persistent=True), variables,
+                                                  directions, l2_norm_clip, batch)
+        return release(plus_regularization(clipped, found.recorded, variables), found.recorded, norms, factors,
+                       l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, expected_batch_size=batch,
+                       rng=draws)
     if found.pieces is None:
         warnings.warn(
             f"jvp_method='layerwise' cannot handle this model ({found.reason}); computing "
@@ -361,6 +372,7 @@ def layerwise_jl_gradient(
 
     def fresh() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
         # the tapped pass read its weights as constants: per-example gradients need another
+        rewind()
         return loop_jl_clipped(record_forward(forward_fn, persistent=True), variables, directions,
                                l2_norm_clip, batch)
 

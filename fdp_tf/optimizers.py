@@ -26,29 +26,22 @@ traced step would stay in memory for the rest of the process).
 from __future__ import annotations
 
 import dataclasses
-import warnings
-import weakref
 from typing import Any, Callable, Sequence
 
 import keras
 import tensorflow as tf
 
 from fdp_tf.clipping import check_batch_size
-from fdp_tf.config import (
-    MAX_NESTED_FORWARD_PROJECTIONS,
-    DPConfig,
-    check_expected_batch_size,
-)
+from fdp_tf.config import DPConfig, check_expected_batch_size
 from fdp_tf.forward import ForwardPass, PrivateGradient
-from fdp_tf.introspection import looped_rnn_layers
 from fdp_tf.jl import jl_private_gradient
-from fdp_tf.layerwise import layerwise_unsupported
 from fdp_tf.ledger import Segment
+from fdp_tf.methods import resolve_jvp_method, resolve_per_example_method
 from fdp_tf.odometer import Booking
 from fdp_tf.per_example import vanilla_private_gradient
-from fdp_tf.recurrent_tangents import tangent_unsupported
-from fdp_tf.randomness import (StepRandomness, _Holder, num_replicas, os_entropy_generator, secret_key,
+from fdp_tf.randomness import (StepRandomness, _Holder, os_entropy_generator, secret_key,
                                seeded_generator)
+from fdp_tf.second_order import first_order_if_needed
 from fdp_tf.verify import verified_private_gradient
 
 __all__ = [
@@ -262,7 +255,9 @@ class DPOptimizer:
             )
         check_batch_size(self.expected_batch_size)
         check_calibrated(self)
-        result = verified_private_gradient(self, forward_fn, variables, model, forward_on_rows, forward_on_indices)
+        # a trace that meets a gradient TensorFlow lacks is traced again with first-order methods
+        result = first_order_if_needed(lambda: verified_private_gradient(
+            self, forward_fn, variables, model, forward_on_rows, forward_on_indices), model)
         # the noised gradient leaves here: booked, however it is applied (before arming
         # apply: under MirroredStrategy the booking's merge_call lets the other replicas run)
         self._dp_booking.release()
@@ -358,47 +353,9 @@ class _JLMixin(DPOptimizer):
         return Segment("jl", self.noise_multiplier, self.jl_projections, sampling_rate, steps)
 
     def resolve_jvp_method(self, model: keras.layers.Layer | None = None) -> str:
-        """What ``jvp_method="auto"`` picks for ``model``.
-
-        Forward mode (``"auto"``: with the double vjp should the trace meet a loop) when
-        r = 1 and the model has no looped Keras RNN: one forward pass with one tangent,
-        the cheapest (1.9x a non-private step on the MNIST CNN, against 3.2x for the
-        taps). Otherwise ``"layerwise"`` when every trainable variable belongs to a
-        layer the taps handle (Dense, Conv1D/2D, Embedding, LSTM, GRU, SimpleRNN, also
-        inside Bidirectional): one forward and one backward pass for any r, through
-        Keras's RNN loops too. Otherwise, when every loop is a plain Keras LSTM, GRU or
-        SimpleRNN, forward mode with the r tangents carried together through the loops and
-        a second, taped pass for the clipped sum (:mod:`fdp_tf.recurrent_tangents`;
-        ``jvp_method="forward"`` asks for it on any such model: for r = 1 the least memory,
-        about non-DP's, and slower than the taps; for r > 1 much slower than the taps). Otherwise forward mode for r = 2 inside ``tf.function`` (nested
-        accumulators fail eagerly) when no looped RNN is in the way, else the
-        double-vjp trick, about one extra backward pass per direction; a looped RNN on
-        that route warns once, naming the layer.
-        """
-        method = self.dp_config.jvp_method
-        if method == "forward" and self.jl_projections > MAX_NESTED_FORWARD_PROJECTIONS:
-            reason = "no model given" if model is None else tangent_unsupported(model)
-            if reason is not None:
-                raise ValueError(
-                    f"jvp_method='forward' with jl_projections={self.jl_projections} > "
-                    f"{MAX_NESTED_FORWARD_PROJECTIONS} needs a model whose recurrent loops carry the r tangents "
-                    f"together ({reason}); elsewhere forward mode nests one accumulator per direction, which "
-                    "grows the graph exponentially. Use jvp_method='layerwise', 'double_vjp' or 'auto'.")
-        if method != "auto":
-            return method
-        looped = looped_rnn_layers(model) if model is not None else []
-        if self.jl_projections == 1 and not looped:
-            return "auto"  # forward mode, or the double vjp if the trace meets another loop
-        if model is not None and layerwise_unsupported(model) is None:
-            return "layerwise"
-        if looped and tangent_unsupported(model) is None:
-            return "auto"  # forward mode carried through the loops, then a taped pass
-        if looped:
-            _warn_double_vjp(model, looped)
-            return "double_vjp"
-        if self.jl_projections > MAX_NESTED_FORWARD_PROJECTIONS or tf.executing_eagerly():
-            return "double_vjp"
-        return "auto"
+        """What ``jvp_method`` (``"auto"``: see :func:`fdp_tf.methods.resolve_jvp_method`)
+        runs for ``model``: forward mode (``"auto"``), ``"layerwise"``, ``"double_vjp"`` or ``"loop"``."""
+        return resolve_jvp_method(self.dp_config.jvp_method, self.jl_projections, model)
 
     def _private_gradient(self, forward_fn, variables, model, method=None):  # type: ignore[no-untyped-def]
         return jl_private_gradient(
@@ -412,24 +369,6 @@ class _JLMixin(DPOptimizer):
             jvp_method=method or self.resolve_jvp_method(model),
             model=model,
         )
-
-
-_WARNED_DOUBLE_VJP: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
-
-def _warn_double_vjp(model: Any, looped: Sequence[Any]) -> None:
-    """Warn once per model that its loop forces the double vjp, naming why."""
-    if model in _WARNED_DOUBLE_VJP:
-        return
-    _WARNED_DOUBLE_VJP.add(model)
-    names = ", ".join(repr(layer.name) for layer in looped)
-    warnings.warn(
-        f"DP-SGD-JL: the model's loop ({names}) runs under a layer the layer taps do not "
-        f"handle ({layerwise_unsupported(model)}), so the JL projections use the double vjp "
-        "(about one backward pass per direction). Models built from Dense, Conv1D/2D, "
-        "Embedding, LSTM, GRU and SimpleRNN layers get one pass for any number of directions.",
-        RuntimeWarning, stacklevel=4,
-    )
 
 
 class _VanillaMixin(DPOptimizer):
@@ -452,29 +391,9 @@ class _VanillaMixin(DPOptimizer):
         return Segment("gaussian", self.noise_multiplier, 0, sampling_rate, steps)
 
     def resolve_per_example_method(self, model: keras.layers.Layer | None = None) -> str:
-        """What ``per_example_method="auto"`` picks for ``model``.
-
-        ``"layerwise"`` when every trainable variable belongs to a layer it handles
-        (Dense, Embedding, Conv1D, Conv2D, LSTM / GRU / SimpleRNN without internal dropout, also
-        inside Bidirectional): exact norms from activations and backpropagated
-        gradients, then one reweighted backward pass, with no per-example gradient of
-        the whole model in memory. Otherwise ``"vectorized"`` (pfor) unless the model
-        has a looped RNN (then ``"loop"``, because vectorising a ``tf.while_loop``
-        traces for tens of seconds, and under ``tf.distribute`` with several replicas,
-        where a crash of pfor on the first step could not be retried).
-        """
-        method = self.dp_config.per_example_method
-        if method != "auto":
-            return method
-        if model is not None and layerwise_unsupported(model) is None:
-            return "layerwise"
-        if model is not None and looped_rnn_layers(model):
-            return "loop"
-        if num_replicas() > 1:
-            # pfor may crash inside TensorFlow on a first step (Conv3D with groups), and
-            # under several replicas an aborted collective cannot be retried in-process
-            return "loop"
-        return "vectorized"
+        """What ``per_example_method`` (``"auto"``: see
+        :func:`fdp_tf.methods.resolve_per_example_method`) runs for ``model``."""
+        return resolve_per_example_method(self.dp_config.per_example_method, model)
 
     def _private_gradient(self, forward_fn, variables, model, method=None):  # type: ignore[no-untyped-def]
         return vanilla_private_gradient(

@@ -20,7 +20,7 @@ import tensorflow as tf
 from fdp_tf.clipping import check_batch_size, clip_factors, plus_regularization, release
 from fdp_tf.config import PER_EXAMPLE_METHODS
 from fdp_tf.forward import ZERO, ForwardFn, PrivateGradient, RecordedForward, record_forward
-from fdp_tf.introspection import looped_rnn_layers
+from fdp_tf.introspection import looped_rnn_layers, seed_rewind
 from fdp_tf.layerwise import layerwise_norms, reconstructed_sum
 from fdp_tf.randomness import step_randomness
 
@@ -210,10 +210,11 @@ def vanilla_private_gradient(
     if per_example_method == "layerwise":
         if model is None:
             raise ValueError("per_example_method='layerwise' needs the model (model=...)")
+        rewind = seed_rewind(model)  # a fresh pass draws the masks of the first
         recorded, norms, pieces, reason, covered = layerwise_norms(forward_fn, variables, model, draws)
         if norms is not None:
             clipped, norms, factors = _layerwise_release(
-                forward_fn, recorded, variables, norms, pieces, covered, l2_norm_clip, batch
+                forward_fn, recorded, variables, norms, pieces, covered, l2_norm_clip, batch, rewind
             )
             return release(
                 plus_regularization(clipped, recorded, variables), recorded, norms, factors,
@@ -241,7 +242,7 @@ def vanilla_private_gradient(
 
 def _layerwise_release(
     forward_fn: ForwardFn, recorded: RecordedForward, variables: Sequence[Any], norms: tf.Tensor,
-    pieces: Any, covered: tf.Tensor, l2_norm_clip: float, batch: int,
+    pieces: Any, covered: tf.Tensor, l2_norm_clip: float, batch: int, rewind: Callable[[], None],
 ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
     """The taps' reconstruction sum_i c_i G_i / B if the taps saw every use of every
     variable, else exact per-example gradients of a fresh pass (the tapped pass read
@@ -254,6 +255,7 @@ def _layerwise_release(
         return list(mine), norms, factors
 
     def loop() -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+        rewind()
         fresh = record_forward(forward_fn, persistent=True)
         return _clipped_from_per_example(fresh, variables, False, l2_norm_clip, batch)
 

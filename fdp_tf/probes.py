@@ -14,7 +14,9 @@ on that step's batch:
   per-example gradient information: the exact norm ||g_i|| from the layer taps where
   they handle the model (first order: cheap to trace), else P_i = <g_i, v> for a
   fixed direction v by the double vjp (the one jvp that TensorFlow computes right
-  through grouped convolutions and loops). Both are computed row by row, so a row
+  through grouped convolutions and loops), or the exact ||g_i|| by the per-example
+  loop where TensorFlow cannot differentiate the backward pass
+  (:mod:`fdp_tf.second_order`). Both are computed row by row, so a row
   whose gradient is not finite does not spoil the others. For every bit k of the row
   index, rows with bit k = 0 are kept and the others replaced, then the reverse:
   every pair of rows differs in some bit, so every row is compared with every other
@@ -59,6 +61,7 @@ from fdp_tf.layerwise import (
 )
 from fdp_tf.per_example import per_example_gradients
 from fdp_tf.refusals import gated, refuse_unless
+from fdp_tf.second_order import without_second_order
 
 __all__ = [
     "ONE_LOSS_PER_ROW",
@@ -149,7 +152,9 @@ def _weights(losses: tf.Tensor) -> tf.Tensor:
 def signature_fn(variables: Sequence[Any], model: Any) -> Callable[[ForwardFn], Signature]:
     """s_i = (l_i, q_i) for a forward pass: q_i = ||g_i|| from the layer taps when they
     handle the model (first order, each row from its own activations), else
-    P_i = <g_i, v> by the double vjp (also row by row), whatever the step's method.
+    P_i = <g_i, v> by the double vjp (also row by row), whatever the step's method, or
+    where nothing can differentiate the backward pass (:mod:`fdp_tf.second_order`)
+    ||g_i|| by the per-example loop (one backward pass per row).
     Both read the backward pass, which is what a step releases: a tangent pass would
     not see rows that interact only through their gradients (a custom gradient)."""
     direction = _direction(variables)
@@ -160,6 +165,12 @@ def signature_fn(variables: Sequence[Any], model: Any) -> Callable[[ForwardFn], 
             found = layerwise_norms(forward_fn, variables, model, check=False)
             if found.norms is not None:
                 return Signature(found.recorded.forward.per_example_losses, found.norms[:, None])
+        if without_second_order(model) is not None:  # no double vjp: exact norms, one backward pass per row
+            recorded = record_forward(forward_fn, persistent=True)
+            per_example = per_example_gradients(recorded, variables, vectorized=False)
+            squares = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(tf.cast(g, tf.float64)), [tf.shape(g)[0], -1]),
+                                              axis=1) for g in per_example])
+            return Signature(recorded.forward.per_example_losses, tf.sqrt(squares)[:, None])
         recorded, _ = jl_norm_estimates(forward_fn, variables, 1, jvp_method="double_vjp", directions=direction)
         return Signature(recorded.forward.per_example_losses, recorded.projections)
 

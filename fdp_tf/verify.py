@@ -278,14 +278,28 @@ def verified_private_gradient(
 ) -> PrivateGradient:
     """One private step of ``optimizer`` with every run-time check (module docstring)."""
     checks = step_checks(optimizer)
-    with recording(checks.record):  # what XLA's dropped assertions do not raise is raised on the host
-        return _verified(checks, optimizer, forward_fn, variables, model, forward_on_rows, forward_on_indices)
-
-
-def _verified(checks: StepChecks, optimizer: Any, forward_fn: ForwardFn, variables: Sequence[Any], model: Any,
-              forward_on_rows: Callable[[tf.Tensor], ForwardPass] | None,
-              forward_on_indices: Callable[[tf.Tensor], ForwardPass] | None) -> PrivateGradient:
     guard = StateGuard(model)  # before anything of the step runs
+    slots = set(checks.used)
+    # eagerly, what an attempt that fails draws is undone: dropout's seed states (not weights)
+    # and the step's key (nothing drawn from it was released), so a retry is a clean first try
+    states = [*seed_states(model), optimizer.rng.state] if tf.executing_eagerly() else []
+    seeds = [(s, tf.identity(s)) for s in states]
+    with recording(checks.record):  # what XLA's dropped assertions do not raise is raised on the host
+        try:
+            return _verified(checks, guard, optimizer, forward_fn, variables, model, forward_on_rows,
+                             forward_on_indices)
+        except LookupError:  # a gradient TensorFlow lacks (fdp_tf.second_order): the caller retries
+            checks.used &= slots  # the failed trace's slot was never verified, nor will be
+            if tf.executing_eagerly():  # the probe ran: the retry starts where this attempt did
+                for state, value in seeds:
+                    state.assign(value)
+                guard.check()  # restores (or refuses) what it changed of the weights
+            raise
+
+
+def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn: ForwardFn,
+              variables: Sequence[Any], model: Any, forward_on_rows: Callable[[tf.Tensor], ForwardPass] | None,
+              forward_on_indices: Callable[[tf.Tensor], ForwardPass] | None) -> PrivateGradient:
     # several replicas draw the same Keras random numbers: a step that draws any is refused
     seeds = StateGuard(None, seed_states(model), SHARED_RANDOMNESS) if num_replicas() > 1 else None
     kind, primary, fallback = methods(optimizer, model)

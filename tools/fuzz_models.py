@@ -7,7 +7,8 @@ masked, stacked), MultiHeadAttention, and a user's own layer (a trainable matmul
 layer that mixes rows with ``keras.ops``, or one that learns a moving mean from
 outliers). Any of them may get a normalisation on a random axis (the batch axis
 included: LayerNormalization, UnitNormalization, GroupNormalization, Softmax) and
-Dropout.
+Dropout; the dense, convolutional and recurrent ones a ``softsign`` activation, whose
+backward pass TensorFlow cannot differentiate (no forward mode, no double vjp).
 """
 
 from __future__ import annotations
@@ -96,10 +97,11 @@ def _extras(rng: np.random.Generator, h: Any, dropout: list[bool]) -> Any:
     return h
 
 
-def _trunk(family: str, rng: np.random.Generator, inputs: Any, dropout: list[bool]) -> Any:
+def _trunk(family: str, rng: np.random.Generator, inputs: Any, dropout: list[bool],
+           activation: str | None = None) -> Any:
     if family == "dense":
-        h = L.Dense(6, activation="tanh")(inputs)
-        shared = L.Dense(6, activation="tanh")
+        h = L.Dense(6, activation=activation or "tanh")(inputs)
+        shared = L.Dense(6, activation=activation or "tanh")
         h = shared(h)
         if rng.random() < 0.4:
             h = shared(h)  # one layer's weights used twice
@@ -110,7 +112,7 @@ def _trunk(family: str, rng: np.random.Generator, inputs: Any, dropout: list[boo
         dilation = int(rng.choice([1, 2])) if family != "conv3d" else 1
         strides = 1 if dilation > 1 else int(rng.choice([1, 2]))
         h = conv(4, 2, groups=groups, dilation_rate=dilation, strides=strides, padding="same",
-                 activation="relu")(inputs)
+                 activation=activation or "relu")(inputs)
         return L.Flatten()(_extras(rng, h, dropout))
     if family == "depthwise":
         layer = (L.DepthwiseConv2D(2, depth_multiplier=2, padding="same") if rng.random() < 0.5
@@ -120,9 +122,10 @@ def _trunk(family: str, rng: np.random.Generator, inputs: Any, dropout: list[boo
         h = L.Embedding(12, 4, mask_zero=bool(rng.random() < 0.5))(inputs)
         cell = {"lstm": L.LSTM, "gru": L.GRU, "simple": L.SimpleRNN}[str(rng.choice(["lstm", "gru", "simple"]))]
         stacked = bool(rng.random() < 0.3)
+        kw = {} if activation is None else {"activation": activation}
         if stacked:
-            h = cell(4, return_sequences=True)(h)
-        layer = cell(4)
+            h = cell(4, return_sequences=True, **kw)(h)
+        layer = cell(4, **kw)
         if rng.random() < 0.5:
             layer = L.Bidirectional(layer)
         return layer(h)
@@ -152,13 +155,17 @@ class Case:
     build: Callable[[], keras.Model] = field(repr=False)
     x: np.ndarray = field(repr=False)
     y: np.ndarray = field(repr=False)
+    activation: str | None = None  # of the trunk's layers; None: each layer's own default
 
     def describe(self) -> str:
-        return f"seed={self.seed} {self.family}/{self.optimizer}/{self.path}"
+        activation = "" if self.activation is None else f"/{self.activation}"
+        return f"seed={self.seed} {self.family}{activation}/{self.optimizer}/{self.path}"
 
 
-def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[str, ...] = STEP_PATHS) -> Case:
-    """The case of ``seed``: its model family, layers, data, optimizer and paths."""
+def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[str, ...] = STEP_PATHS,
+                softsign: bool | None = None) -> Case:
+    """The case of ``seed``: its model family, layers, data, optimizer and paths; ``softsign``
+    True or False overrides the drawn activation (the draws are the same either way)."""
     rng = np.random.default_rng(seed)
     family = str(rng.choice(families))
     n = int(rng.integers(4, 9))
@@ -175,12 +182,13 @@ def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[st
     layer_seed = int(rng.integers(0, 2**31))
     # the dropout flag is known only once the grammar ran: build once to read it
     dropout = [False]
+    activation: list[str | None] = [None]  # drawn last (below), read when the model is built
 
     def build() -> keras.Model:
         keras.utils.set_random_seed(layer_seed)  # the same initial weights every build
         layer_rng = np.random.default_rng(layer_seed)
         inputs = keras.Input(shape, dtype="int32" if family == "recurrent" else "float32")
-        h = _trunk(family, layer_rng, inputs, dropout)
+        h = _trunk(family, layer_rng, inputs, dropout, activation[0])
         return keras.Model(inputs, L.Dense(CLASSES)(h))
 
     build()
@@ -190,4 +198,7 @@ def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[st
     if case.family == "recurrent" and case.optimizer == "jl" and rng.random() < 0.5:
         # the directions carried through the loops in forward mode: one, or three vectorized
         case.optimizer = "jl_forward" if rng.random() < 0.5 else "jl_forward_batched"
+    drawn = case.family in ("dense", "conv1d", "conv2d", "conv3d", "recurrent") and rng.random() < 0.2
+    if drawn if softsign is None else softsign:
+        case.activation = activation[0] = "softsign"
     return case

@@ -284,8 +284,10 @@ def check_accounting(case: Case, delta: float = 1e-5) -> Outcome:
         return _refused_or_violation(case, "ledger", err)
 
 
-def run(seeds: Any, deadline: float = math.inf, accounting_every: int = 4, path: str | None = None) -> list[Outcome]:
-    """Check the cases of ``seeds`` until ``deadline`` (time.monotonic()); prints a line each."""
+def run(seeds: Any, deadline: float = math.inf, accounting_every: int = 4, path: str | None = None,
+        activation: str | None = None) -> list[Outcome]:
+    """Check the cases of ``seeds`` until ``deadline`` (time.monotonic()); prints a line each.
+    With ``activation``, only the cases whose trunk has it."""
     outcomes = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # seeded on purpose (NotPrivateWarning), sampling notes
@@ -293,6 +295,8 @@ def run(seeds: Any, deadline: float = math.inf, accounting_every: int = 4, path:
             if time.monotonic() > deadline:
                 break
             case = random_case(seed) if path is None else random_case(seed, paths=(path,))
+            if activation is not None and case.activation != activation:
+                continue
             results = [check_case(case)]
             if k % accounting_every == 0:
                 results.append(check_accounting(case))
@@ -309,15 +313,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="first case seed (a fixed sample)")
     ap.add_argument("--path", choices=STEP_PATHS, default=None, help="only this path for checks (a), (b)")
     ap.add_argument("--no-ledger", action="store_true", help="skip the accounting check (c)")
+    ap.add_argument("--activation", choices=["softsign"], default=None,
+                    help="only the cases whose trunk has this activation (no second derivative in TensorFlow)")
     args = ap.parse_args()
     every = 10**9 if args.no_ledger else 4
     began = time.monotonic()
     if args.budget is not None:
         start = int.from_bytes(os.urandom(4), "little")
         outcomes = run(range(start, start + 10**9), deadline=began + 60 * args.budget, path=args.path,
-                       accounting_every=every)
+                       accounting_every=every, activation=args.activation)
     else:
-        outcomes = run(range(args.seed, args.seed + args.cases), path=args.path, accounting_every=every)
+        outcomes = run(range(args.seed, args.seed + args.cases), path=args.path, accounting_every=every,
+                       activation=args.activation)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("private", "refused", "VIOLATION")}
     models = len({o.case.seed for o in outcomes})
     by_path: dict[str, int] = {}

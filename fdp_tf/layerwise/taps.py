@@ -29,7 +29,7 @@ import keras
 import tensorflow as tf
 
 from fdp_tf.forward import ZERO, ForwardFn, RecordedForward, check_forward, record_forward
-from fdp_tf.introspection import iter_layers
+from fdp_tf.introspection import iter_layers, seed_rewind
 from fdp_tf.layerwise.pieces import (
     EmbeddingPiece,
     OuterPiece,
@@ -297,6 +297,7 @@ def layerwise_pieces(
     reason = layerwise_unsupported(model, variables)
     if reason is not None:
         return LayerwisePieces(record_forward(forward_fn, persistent=True), None, reason, tf.constant(False))
+    rewind = seed_rewind(model)
     with tf.GradientTape(persistent=True) as tape:
         taps = LayerTaps(model, variables, tape)
         with taps:
@@ -304,7 +305,8 @@ def layerwise_pieces(
     check_forward(forward)
     recorded = RecordedForward(tape=tape, forward=forward)
     pieces, covered = taps.variable_gradients(recorded, step_randomness(rng) if check else None)
-    if pieces is None:  # this pass's tape lacks the tapped uses: record another
+    if pieces is None:  # this pass's tape lacks the tapped uses: record another, alike
+        rewind()
         return LayerwisePieces(record_forward(forward_fn, persistent=True), None, taps.failure, tf.constant(False))
     return LayerwisePieces(recorded, pieces, None, covered)
 

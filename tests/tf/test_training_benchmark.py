@@ -106,6 +106,40 @@ def test_quick_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"| {piece} |" in stdout
 
 
+def test_quick_tangent_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/tangent_loop.py --quick: both tangent routes agree and are timed, and the loop
+    fdp_tf's tangent pass becomes under the directions' map carries the primal state once
+    (the RESULTS claim that the r x cost is the tangents', not a stacked primal)."""
+    assert _script("tangent_loop").main(["--quick"]) == 0
+    stdout = capsys.readouterr().out
+    rows = [line.split("|") for line in stdout.splitlines() if line.startswith(("| 1 |", "| 3 |"))]
+    assert len(rows) == 2 and all(float(row[5]) < 1e-5 for row in rows)
+    vectorized = [line for line in stdout.splitlines() if "(5, 16, 13)" in line]
+    assert vectorized, stdout
+    # the vectorized loop carries h and c unstacked beside their stacked tangents
+    assert all("(16, 13), (16, 13), (5, 16, 13), (5, 16, 13)" in line for line in vectorized)
+
+
+def test_first_step_memory_measures_every_phase(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/first_step_memory.py, one configuration in this process (the script runs each
+    in a fresh one: ``--quick``): every phase measured, the graph counted, the table printed."""
+    module = _script("first_step_memory")
+    row = module.measure("nondp", batch=2, length=4, skip_probe=False, python_heap=True)
+    assert row["graph"]["nodes"] > 100 and row["graph"]["functions"] >= 1
+    for phase in ("trace", "first call", "second call", "third call"):
+        assert row[phase]["seconds"] > 0 and row[phase]["peak_mib"] >= 0
+    assert row["trace"]["python_heap_peak_mib"] > 0
+    module._print([{**row, "skip_probe": False}, {"config": "jl1", "skip_probe": True, "error": "boom"}])
+    stdout = capsys.readouterr().out
+    assert "| non-DP Adam |" in stdout and "| DP-Adam-JL r=1, auto (layer taps), probe skipped | failed: boom |" in stdout
+
+
+@pytest.mark.slow  # ~1 minute: JL's trace through the BiLSTM, twice
+def test_first_step_memory_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _script("first_step_memory").main(["--quick"]) == 0
+    assert "probe skipped |" in capsys.readouterr().out
+
+
 @pytest.mark.slow  # ~1 minute: four models trained for one epoch
 def test_quick_seed_accuracy(capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/seed_accuracy.py --quick trains every method and prints accuracy and epsilon."""
