@@ -16,9 +16,12 @@ above the resident size it started from:
 * **second call** (the steady step).
 
 ``--python-heap`` also reports what ``tracemalloc`` sees of the trace (Python objects only).
+``--without rerun`` / ``--without probe`` (measurement only, never a way to train) trace the
+step without the rerun that drops non-finite rows (:mod:`fdp_tf.nonfinite`) or without the
+first step's probe, to show what each adds to the graph and its memory.
 
     python benchmarks/first_step_memory.py [--batch-size 64] [--configs nondp jl1_forward jl1 vanilla]
-        [--skip-probe] [--python-heap] [--quick]
+        [--skip-probe] [--python-heap] [--without rerun probe] [--quick]
 """
 
 from __future__ import annotations
@@ -74,7 +77,25 @@ def _reset_peak() -> float:
 PEAK_RESETS = True
 
 
-def measure(config: str, batch: int, length: int, skip_probe: bool, python_heap: bool) -> dict[str, Any]:
+def _peak_above(start: float, end: float, peak: float) -> float:
+    """A phase's peak above its start, MiB. The kernel's counters lag by up to a few hundred
+    KiB per thread, so the mark can read below the start or the end (CI read -0.27 MiB): a
+    phase's peak is at least both."""
+    return max(peak, start, end) - start
+
+
+def _strip(parts: list[str]) -> None:
+    """Trace the step without ``parts`` of its checks (a measurement of their share only)."""
+    import fdp_tf.verify as verify
+
+    if "rerun" in parts:
+        verify.without_nonfinite_examples = lambda result, rerun, alone=None: result
+    if "probe" in parts:
+        verify._cond = lambda pred, true_fn, false_fn: false_fn()
+
+
+def measure(config: str, batch: int, length: int, skip_probe: bool, python_heap: bool,
+            without: list[str] | None = None) -> dict[str, Any]:
     """One configuration's phases, in this process (the parent runs each in a fresh one)."""
     import warnings
 
@@ -87,6 +108,7 @@ def measure(config: str, batch: int, length: int, skip_probe: bool, python_heap:
     from imdb_lstm import VOCAB, build_model
 
     warnings.simplefilter("ignore")
+    _strip(without or [])
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.integers(1, VOCAB, size=(batch, length)), tf.int32)
@@ -117,7 +139,8 @@ def measure(config: str, batch: int, length: int, skip_probe: bool, python_heap:
     start, began = _reset_peak(), time.perf_counter()
     traced = step.get_concrete_function(x, y)
     rss, peak = _memory()
-    out["trace"] = {"seconds": time.perf_counter() - began, "growth_mib": rss - start, "peak_mib": peak - start}
+    out["trace"] = {"seconds": time.perf_counter() - began, "growth_mib": rss - start,
+                    "peak_mib": _peak_above(start, rss, peak)}
     if python_heap:
         current, heap_peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
@@ -134,7 +157,8 @@ def measure(config: str, batch: int, length: int, skip_probe: bool, python_heap:
         start, began = _reset_peak(), time.perf_counter()
         traced(x, y)
         rss, peak = _memory()
-        out[phase] = {"seconds": time.perf_counter() - began, "growth_mib": rss - start, "peak_mib": peak - start}
+        out[phase] = {"seconds": time.perf_counter() - began, "growth_mib": rss - start,
+                      "peak_mib": _peak_above(start, rss, peak)}
     out["peaks_per_phase"] = PEAK_RESETS
     return out
 
@@ -144,6 +168,7 @@ def _child(config: str, args: argparse.Namespace, skip_probe: bool) -> dict[str,
                "--length", str(args.length)]
     command += ["--skip-probe"] if skip_probe else []
     command += ["--python-heap"] if args.python_heap else []
+    command += ["--without", *args.without] if args.without else []
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
         return {"config": config, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
@@ -156,6 +181,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         name = CONFIGS[row["config"]] + (", probe skipped" if row.get("skip_probe") else "")
+        name += "".join(f", without the {part}" for part in row.get("without", []))
         if "error" in row:
             print(f"| {name} | failed: {row['error']} | | | | | |")
             continue
@@ -175,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=150, help="tokens per review")
     parser.add_argument("--skip-probe", action="store_true", help="also run each private configuration without the probe")
     parser.add_argument("--python-heap", action="store_true", help="tracemalloc over the trace (slows it)")
+    parser.add_argument("--without", nargs="+", default=[], choices=["rerun", "probe"],
+                        help="trace the private step without these checks (their share; not private)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     parser.add_argument("--json", default="", help="write the rows here")
     parser.add_argument("--quick", action="store_true", help="B = 4, 6 tokens, non-DP and JL(1) forward")
@@ -183,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_size < 1 or args.length < 1:
         parser.error(f"--batch-size and --length must be >= 1, got {args.batch_size} and {args.length}")
     if args.child:
-        row = measure(args.child, args.batch_size, args.length, args.skip_probe, args.python_heap)
+        row = measure(args.child, args.batch_size, args.length, args.skip_probe, args.python_heap, args.without)
         row["skip_probe"] = args.skip_probe
+        row["without"] = args.without
         print(json.dumps(row))
         return 0
     if args.quick:
@@ -193,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    jobs = [(c, False) for c in args.configs] + [(c, True) for c in args.configs if args.skip_probe and c != "nondp"]
+    private = [c for c in args.configs if c != "nondp"]
+    jobs = [(c, False) for c in args.configs if not (args.without and c == "nondp")]
+    jobs += [(c, True) for c in private if args.skip_probe]
     rows = []
     for config, skip in tqdm(jobs, desc="first_step_memory", unit="process", file=sys.stderr):
         row = _child(config, args, skip)
