@@ -11,8 +11,9 @@ train: the run-time probe's signature uses the double vjp where the taps do not 
 model.
 
 :meth:`fdp_tf.DPOptimizer.compute_private_gradients` catches that error while the step
-traces (nothing has run in a graph; eagerly, the step's state guard restores what the
-probe changed), records the op here for the model, and traces the step again with
+traces (nothing has run in a graph; eagerly, :func:`fdp_tf.verify.verified_private_gradient`
+restores the dropout seed states, the step's key and the guarded weights the attempt
+changed, and nothing was released), records the op here for the model, and traces the step again with
 first-order methods: ``jvp_method="auto"`` then takes the per-example loop (exact
 projections; the layer taps would need a second pass or the double vjp wherever they meet
 a weight used outside its layer), the probe's signature uses the per-example loop, and an
@@ -69,8 +70,8 @@ def record_missing(model: Any, op_type: str) -> bool:
     warnings.warn(
         f"TensorFlow defines no gradient of the op {op_type!r} in this model's backward pass, so "
         "nothing can differentiate the backward pass (forward mode and the double vjp): the "
-        "private step uses first-order methods instead (the layer taps, or the per-example loop, "
-        "which costs one backward pass per example)", RuntimeWarning, stacklevel=4)
+        "private step uses first-order methods instead (the per-example loop, one backward pass "
+        "per example, unless jvp_method='layerwise' is asked for)", RuntimeWarning, stacklevel=4)
     return True
 
 
