@@ -44,24 +44,19 @@ if _keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on th
         f"{_keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before importing keras."
     )
 
+from fdp_tf.algorithms import DPAdamJL, DPAdamVanilla, DPSGDJL, DPSGDVanilla
 from fdp_tf.budget import Budget, jl_projections_for, noise_multiplier_for
 from fdp_tf.callbacks import PrivacyCallback
 from fdp_tf.clipping import clip_factors, clipped_gradient
 from fdp_tf.config import DPConfig
 from fdp_tf.forward import ForwardPass, PrivateGradient, RecordedForward, record_forward
 from fdp_tf.introspection import looped_rnn_layers
-from fdp_tf.jl import (
-    double_vjp_projections,
-    forward_mode_projections,
-    jl_norm_estimates,
-    jl_norms,
-    jl_private_gradient,
-    sample_directions,
-)
+from fdp_tf.jl import jl_norm_estimates, jl_norms, jl_private_gradient, sample_directions
+from fdp_tf.jl_projections import double_vjp_projections, forward_mode_projections
 from fdp_tf.ledger import PrivacyLedger, Segment, compute_epsilon
 from fdp_tf.losses import per_example_loss_fn
 from fdp_tf.model import PrivateModel, make_private
-from fdp_tf.optimizers import DPAdamJL, DPAdamVanilla, DPOptimizer, DPSGDJL, DPSGDVanilla
+from fdp_tf.optimizers import DPOptimizer
 from fdp_tf.per_example import per_example_gradients, per_example_norms, vanilla_private_gradient
 from fdp_tf.probes import one_loss_per_row
 from fdp_tf.randomness import NotPrivateWarning, add_gaussian_noise

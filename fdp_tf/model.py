@@ -33,15 +33,16 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from fdp_tf.fallback import guarded_train_function
+from fdp_tf.fit_booking import armed_step, booked_as_fit
 from fdp_tf.forward import ForwardPass, PrivateGradient, stand_in_row, trim_to_rows
 from fdp_tf.guards import refuse_multiple_outputs, refuse_unsupported_layers, refuse_xla_through_loops
 from fdp_tf.ledger import FIELDS, MAX_SEGMENTS, empty_table
 from fdp_tf.losses import PerExampleLoss, per_example_loss_fn
 from fdp_tf.model_fit import LedgerFit
-from fdp_tf.odometer import Odometer, armed_step, booked_as_fit
+from fdp_tf.odometer import Odometer
 from fdp_tf.optimizers import DPOptimizer, check_calibrated
 from fdp_tf.probes import one_loss_per_row
-from fdp_tf.verify import guarded_train_function
 
 __all__ = ["PrivateModel", "make_private", "per_example_loss_fn"]
 
@@ -205,7 +206,7 @@ class PrivateModel(LedgerFit, keras.Model):
     # -- steps -------------------------------------------------------------------
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass's own ``train_step`` is armed like this one (:func:`fdp_tf.odometer.armed_step`)."""
+        """A subclass's own ``train_step`` is armed like this one (:func:`fdp_tf.fit_booking.armed_step`)."""
         super().__init_subclass__(**kwargs)
         if "train_step" in cls.__dict__:
             cls.train_step = armed_step(cls.__dict__["train_step"])  # type: ignore[method-assign]
@@ -290,7 +291,7 @@ class PrivateModel(LedgerFit, keras.Model):
     def make_train_function(self, force: bool = False) -> Any:
         """Keras's training function, raising a run-time refusal of a private step as the
         ``ValueError`` it is, and retrying once a first step that crashed inside an
-        unverified per-example method (:func:`fdp_tf.verify.guarded_train_function`).
+        unverified per-example method (:func:`fdp_tf.fallback.guarded_train_function`).
 
         Raises:
           ValueError: for ``jit_compile=True`` with a DP optimizer through a looped

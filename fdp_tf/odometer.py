@@ -15,7 +15,7 @@ custom ``train_step`` or loop were not counted at all. Now (issue 26):
   Steps outside such a context have no sampling fdp_tf can vouch for and are booked at
   rate 1 (no amplification), with a :class:`fdp_tf.SamplingWarning`.
 * ``fit`` vouches for one release per step of its own loop, and nothing else: each
-  training step (``train_step``, a subclass's too) arms a flag in the graph only while
+  training step (``train_step``, a subclass's too; :mod:`fdp_tf.fit_booking`) arms a flag in the graph only while
   Keras's ``fit`` of this model runs the training function, and the first release of the
   step spends it on a second counter. Any other release during ``fit`` — a callback's
   ``private_gradients``, ``train_on_batch`` or training function on rows it chose, a
@@ -35,11 +35,9 @@ whatever it holds (a restore may have written it) and then writes the odometer i
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import secrets
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -49,7 +47,7 @@ from fdp_tf.ledger import MAX_SEGMENTS, PrivacyLedger, Segment
 from fdp_tf.sampling import PoissonSampling, SamplingWarning
 from fdp_tf.verify import raise_recorded_refusals
 
-__all__ = ["Booking", "Odometer", "armed_step", "booked_as_fit", "booking_of"]
+__all__ = ["Booking", "Odometer", "booking_of"]
 
 HOW_TO_AMPLIFY = (
     "For an amplified, certified epsilon train with fit on arrays or on "
@@ -290,47 +288,6 @@ def _charged(segment: Segment, steps: int) -> int:
 def booking_of(optimizer: Any) -> Booking | None:
     """The booking of a DP optimizer; ``None`` for any other optimizer."""
     return getattr(optimizer, "_dp_booking", None)
-
-
-def booked_as_fit(function: Callable[[Any], Any], model: Any) -> Callable[[Any], Any]:
-    """Keras's training function of ``model``: while Keras's ``fit`` of this model calls
-    it (its own loop, not a callback or ``train_on_batch``), the booking's flag says so,
-    and each step's first release is booked as fit's (:func:`armed_step`)."""
-
-    def train_function(iterator: Any) -> Any:
-        booking = booking_of(getattr(model, "optimizer", None))
-        caller = inspect.currentframe().f_back  # type: ignore[union-attr]
-        own = (booking is not None and getattr(model, "_fdp_fit_sampling", None) is not None
-               and caller is not None and caller.f_code.co_name == "fit" and caller.f_locals.get("self") is model)
-        if not own:
-            return function(iterator)
-        booking.fit_running.assign(1)
-        try:
-            return function(iterator)
-        finally:
-            booking.fit_running.assign(0)
-            booking.disarm()
-
-    train_function._fdp_guarded = getattr(function, "_fdp_guarded", False)  # type: ignore[attr-defined]
-    return train_function
-
-
-def armed_step(train_step: Callable[..., Any]) -> Callable[..., Any]:
-    """``train_step`` arming the booking at its start (once per step at run time: a step
-    calling ``super().train_step``, or another step traced on its own, does not arm it
-    again), so that one release per step of fit's loop is fit's."""
-
-    @functools.wraps(train_step)
-    def step(self: Any, data: Any) -> Any:
-        booking = booking_of(getattr(self, "optimizer", None))
-        if booking is None:
-            return train_step(self, data)
-        booking.enter_step()
-        logs = train_step(self, data)
-        booking.exit_step()  # not reached if the step raises: disarm() resets the depth
-        return logs
-
-    return step
 
 
 class _NonPrivateTally:

@@ -25,8 +25,6 @@ calls share one slot. Under ``tf.distribute`` the flags are per replica
 
 from __future__ import annotations
 
-import inspect
-import warnings
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -39,8 +37,7 @@ from fdp_tf.randomness import num_replicas
 from fdp_tf.recurrent_tangents import tangent_unsupported
 from fdp_tf.refusals import RefusalRecord, as_value_error, gated, recording, refuse_unless
 
-__all__ = ["StepChecks", "engage_fallback", "guarded_train_function", "raise_recorded_refusals", "step_checks",
-           "verified_private_gradient"]
+__all__ = ["StepChecks", "methods", "raise_recorded_refusals", "step_checks", "verified_private_gradient"]
 
 #: Traces verified separately; a later trace is probed on every step (slow, never unsafe).
 SLOTS = 64
@@ -86,7 +83,12 @@ def _method_message(kind: str, primary: str, fallback: str | None) -> str:
 
 class StepChecks:
     """Verification state of one optimizer: which traces passed, and whether its
-    first-choice per-example method failed (then the fallback is used for good)."""
+    first-choice per-example method failed (then the fallback is used for good).
+
+    ``probing`` is set while a probe runs the first choice and cleared when it has run: a
+    first choice that crashed inside TensorFlow (:mod:`fdp_tf.fallback`) leaves it set, so
+    a later call of the same graph counts the first choice as failed.
+    """
 
     def __init__(self) -> None:
         kw: dict[str, Any] = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
@@ -94,6 +96,7 @@ class StepChecks:
         with tf.init_scope():  # may be created while the first step traces
             self.verified = tf.Variable(tf.zeros([SLOTS]), name="fdp_verified_traces", **kw)
             self.failed = tf.Variable(0.0, name="fdp_method_failed", **kw)
+            self.probing = tf.Variable(0.0, name="fdp_method_probing", **kw)
         self.record = RefusalRecord()
         self.traces = 0
         self.used: set[int] = set()
@@ -123,6 +126,9 @@ class StepChecks:
     def mark_failed(self, failed: tf.Tensor) -> Any:
         return _when(failed, lambda: self.failed.assign(1.0))
 
+    def failed_before(self) -> tf.Tensor:
+        """The first choice failed its check, or crashed while a probe ran it."""
+        return tf.logical_or(tf.convert_to_tensor(self.failed) > 0.5, tf.convert_to_tensor(self.probing) > 0.5)
 
 
 def raise_recorded_refusals(optimizer: Any) -> None:
@@ -130,14 +136,6 @@ def raise_recorded_refusals(optimizer: Any) -> None:
     checks = getattr(optimizer, "_dp_step_checks", None)
     if checks is not None:
         checks.record.raise_new()
-
-
-def _forget_recorded_refusals(optimizer: Any) -> None:
-    """The refusal just raised by an assertion: do not raise it again."""
-    try:
-        raise_recorded_refusals(optimizer)
-    except ValueError:
-        pass
 
 
 def step_checks(optimizer: Any) -> StepChecks:
@@ -164,110 +162,6 @@ def methods(optimizer: Any, model: Any) -> tuple[str, str, str | None]:
     return "exact", primary, ("loop" if config.per_example_method == "auto" and primary != "loop" else None)
 
 
-def engage_fallback(optimizer: Any, model: Any, err: BaseException | None = None) -> str | None:
-    """After a step whose probe crashed inside the first-choice method (e.g. pfor through a
-    Conv3D with groups): use the fallback from now on. Returns the abandoned method, or
-    ``None`` if the crash is not the method's. A method the user chose (no fallback) that
-    crashed so raises a ``ValueError`` naming the one to choose instead."""
-    checks = getattr(optimizer, "_dp_step_checks", None)
-    if checks is None or float(checks.failed.numpy()) > 0.5:
-        return None
-    verified = checks.verified.numpy()
-    if all(verified[slot] > 0.5 for slot in checks.used) and checks.traces < SLOTS:
-        return None  # every trace passed its probe: the crash is not the method's
-    kind, primary, fallback = methods(optimizer, model)
-    if fallback is None:
-        advice = "per_example_method='loop'" if kind == "exact" else "jvp_method='double_vjp' or 'loop'"
-        what = "per-example" if kind == "exact" else "JL"
-        cause = "" if err is None else f" ({type(err).__name__}: {_first_line(err)})"
-        raise ValueError(
-            f"the {what} method {primary!r} crashed inside TensorFlow on this model's first step{cause}; "
-            f"nothing was released. Choose {advice}, which works for any model") from err
-    checks.failed.assign(1.0)
-    return primary
-
-
-def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callable[[Any], Any]:
-    """Wrap a Keras training function of a ``PrivateModel``:
-
-    * a run-time refusal (an ``InvalidArgumentError`` carrying :data:`REFUSED`) is raised
-      as the ``ValueError`` it is;
-    * a first step that crashed inside TensorFlow while its trace was unverified (pfor
-      through a Conv3D with groups) released nothing: the method's fallback is engaged
-      and the next batch trained, and the epoch ends when Keras counts it should (the
-      batch the crash consumed is owed at the end of the data).
-    """
-    owed = [0]
-    last: list[Any] = [None]
-
-    def train_function(iterator: Any) -> Any:
-        try:
-            logs = function(iterator)
-            raise_recorded_refusals(model.optimizer)  # the refusals XLA could not raise
-        except StopIteration:
-            if owed[0] and last[0] is not None:
-                owed[0] -= 1
-                return last[0]
-            raise
-        except tf.errors.OpError as err:
-            refusal = as_value_error(err)
-            if refusal is not None:
-                _forget_recorded_refusals(model.optimizer)
-                raise refusal from err
-            if XLA_FAILED in str(err):  # nothing ran: the step did not compile
-                raise ValueError(
-                    "the private step of this model does not compile with XLA (jit_compile=True): "
-                    f"{_first_line(err)}. Nothing was trained; compile the model with "
-                    "jit_compile=False") from err
-            abandoned = engage_fallback(model.optimizer, model.base_model, err)
-            if abandoned is None:
-                raise
-            if model.distribute_strategy.num_replicas_in_sync > 1:
-                # an aborted collective poisons every later one of this process
-                raise ValueError(
-                    f"the per-example method {abandoned!r} crashed on this model's first step "
-                    f"({type(err).__name__}) under a tf.distribute strategy with several "
-                    "replicas, where the step cannot be retried; nothing was released. Choose "
-                    "the method that works for this model explicitly (per_example_method='loop' "
-                    "or jvp_method='double_vjp') in a new process") from err
-            if inspect.isgenerator(iterator):  # train_on_batch: its one batch is spent
-                raise ValueError(
-                    f"the per-example method {abandoned!r} crashed on this model's first step "
-                    f"({type(err).__name__}); nothing was released, and its fallback is used "
-                    "from now on: run the step again") from err
-            warnings.warn(
-                f"the per-example method {abandoned!r} crashed on this model's first step "
-                f"({type(err).__name__}); nothing was released, and the next batch is trained "
-                "with its fallback, used from now on", RuntimeWarning, stacklevel=2)
-            try:
-                logs = function(iterator)
-                raise_recorded_refusals(model.optimizer)
-            except tf.errors.OpError as again:
-                refusal = as_value_error(again)
-                if refusal is not None:
-                    _forget_recorded_refusals(model.optimizer)
-                    raise refusal from again
-                raise
-            owed[0] += 1
-        last[0] = logs
-        return logs
-
-    train_function._fdp_guarded = True  # type: ignore[attr-defined]
-    return train_function
-
-
-#: What TensorFlow's error says when a graph could not be compiled by XLA.
-XLA_FAILED = "tf2xla conversion failed"
-
-
-def _first_line(err: BaseException) -> str:
-    """The line of a TensorFlow error that says what failed (not its stack trace)."""
-    lines = [line.strip() for line in str(getattr(err, "message", err)).splitlines()]
-    useful = [line for line in lines if line and not line.startswith(("Detected at", "File ", "Stack trace",
-                                                                        "[[", "tf2xla", "<stack", "Graph execution"))]
-    return (useful[0] if useful else type(err).__name__).rstrip(".")[:300]
-
-
 def verified_private_gradient(
     optimizer: Any,
     forward_fn: ForwardFn,
@@ -280,16 +174,22 @@ def verified_private_gradient(
     checks = step_checks(optimizer)
     guard = StateGuard(model)  # before anything of the step runs
     slots = set(checks.used)
-    # eagerly, what an attempt that fails draws is undone: dropout's seed states (not weights)
-    # and the step's key (nothing drawn from it was released), so a retry is a clean first try
-    states = [*seed_states(model), optimizer.rng.state] if tf.executing_eagerly() else []
+    # eagerly, what an attempt that fails draws is undone: dropout's seed states (not weights),
+    # the step's key (nothing drawn from it was released) and the mark of a probe under way
+    # (fdp_tf.fallback decides what a crash means), so a retry is a clean first try
+    states = [*seed_states(model), optimizer.rng.state, checks.probing] if tf.executing_eagerly() else []
     seeds = [(s, tf.identity(s)) for s in states]
     with recording(checks.record):  # what XLA's dropped assertions do not raise is raised on the host
         try:
             return _verified(checks, guard, optimizer, forward_fn, variables, model, forward_on_rows,
                              forward_on_indices)
-        except LookupError:  # a gradient TensorFlow lacks (fdp_tf.second_order): the caller retries
-            checks.used &= slots  # the failed trace's slot was never verified, nor will be
+        except (LookupError, tf.errors.OpError) as err:
+            # a gradient TensorFlow lacks (fdp_tf.second_order) or, eagerly, a first choice
+            # that crashed inside TensorFlow (fdp_tf.fallback): the caller retries
+            if isinstance(err, tf.errors.OpError) and as_value_error(err) is not None:
+                raise  # a refusal: the guard already ran
+            if isinstance(err, LookupError):
+                checks.used &= slots  # the failed trace's slot was never verified, nor will be
             if tf.executing_eagerly():  # the probe ran: the retry starts where this attempt did
                 for state, value in seeds:
                     state.assign(value)
@@ -303,7 +203,7 @@ def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn:
     # several replicas draw the same Keras random numbers: a step that draws any is refused
     seeds = StateGuard(None, seed_states(model), SHARED_RANDOMNESS) if num_replicas() > 1 else None
     kind, primary, fallback = methods(optimizer, model)
-    failed_before = tf.convert_to_tensor(checks.failed) > 0.5
+    failed_before = checks.failed_before()
     if forward_on_indices is None:
         # without it nothing can check that examples do not interact: refused, not warned
         raise ValueError(
@@ -321,14 +221,20 @@ def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn:
         tests.append(method_check(kind, fallback, variables, model) if kind == "jl" else trusted)
     signature = signature_fn(variables, model)
     def probed() -> Verdict:
-        found = probe(forward_fn, forward_on_indices, signature, tests, seed_states(model),
-                      check_primary=tf.logical_not(failed_before))
+        check_primary = tf.logical_not(failed_before)
+        # set before the probe runs the first choice, cleared after: a crash leaves it set
+        probing = [] if fallback is None else [_when(check_primary, lambda: checks.probing.assign(1.0))]
+        with tf.control_dependencies([p for p in probing if p is not None]):
+            found = probe(forward_fn, forward_on_indices, signature, tests, seed_states(model),
+                          check_primary=check_primary)
         # booked here, where the probe ran: a later step of the trace does nothing
         done = tf.reduce_all(tf.stack([found.complete, found.deterministic, found.independent,
                                        found.method_ok]))
         book = [checks.mark(slot, done)]
         if fallback is not None:  # its own check passed: use it from now on
             book.append(checks.mark_failed(tf.logical_and(tf.logical_not(found.primary_ok), found.method_ok)))
+            with tf.control_dependencies(list(found)):  # after the probe ran
+                book.append(checks.probing.assign(0.0))
         book = [b for b in book if b is not None]
         if book and not tf.executing_eagerly():
             with tf.control_dependencies(book):

@@ -1,0 +1,107 @@
+"""A first-choice method that crashes inside TensorFlow (fdp_tf.fallback), on every path.
+
+pfor through a grouped Conv3D crashes with ``InvalidArgumentError`` on this CPU (a
+backprop-filter op of the wrong shape) while the first step's probe runs it.
+``fit`` engaged the loop; an eager custom loop and a user's ``tf.function`` raised
+TensorFlow's error on every call (the fuzzer's seed 283 found the eager one), and a
+crashed ``fit`` step kept the non-trainable weights its probe's passes had written.
+Ground truth: with sigma = 0 the release is (1/B) sum_i min(1, C/||g_i||) g_i, with g_i
+from a plain GradientTape on example i alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("tensorflow", minversion="2.16")
+pytest.importorskip("keras", minversion="3.0")
+
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import fdp_tf
+from tf_helpers import CE, flat, loop_per_example_gradients
+
+L = keras.layers
+C = 0.1
+
+
+def _data(n: int = 8):
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(n, 4, 4, 4, 2)).astype("float32"),
+            rng.integers(0, 3, size=n).astype("int32"))
+
+
+def _grouped_conv3d(*extra: L.Layer) -> keras.Model:
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((4, 4, 4, 2)), L.Conv3D(2, 2, groups=2), *extra, L.Flatten(), L.Dense(3)])
+
+
+def _private(inner: keras.Model, batch: int) -> fdp_tf.PrivateModel:
+    optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=C, noise_multiplier=0.0, learning_rate=1.0, seed=0,
+                                    expected_batch_size=batch)
+    model = fdp_tf.make_private(inner, optimizer=optimizer, loss=CE)
+    model.open_segment(fdp_tf.PoissonSampling(num_examples=10 * batch, expected_batch_size=batch))
+    return model
+
+
+def _clipped_mean(inner: keras.Model, x, y) -> np.ndarray:
+    grads = loop_per_example_gradients(inner, x, y)
+    return sum(min(1.0, C / np.linalg.norm(g)) * g for g in grads) / len(x)
+
+
+def test_an_eager_custom_loop_computes_a_crashed_step_again_with_the_loop() -> None:
+    x, y = _data()
+    inner = _grouped_conv3d()
+    model = _private(inner, len(x))
+    with pytest.warns(RuntimeWarning, match="'vectorized' crashed.*computed again with its fallback"):
+        result = model.private_gradients(tf.constant(x), tf.constant(y))
+    np.testing.assert_allclose(flat(result.gradients), _clipped_mean(inner, x, y), rtol=1e-4, atol=1e-7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # engaged for good: no second crash
+        again = model.private_gradients(tf.constant(x), tf.constant(y))
+    np.testing.assert_allclose(flat(again.gradients), flat(result.gradients), rtol=1e-6)
+
+
+def test_a_users_tf_function_uses_the_loop_on_the_call_after_a_crash() -> None:
+    x, y = _data()
+    inner = _grouped_conv3d()
+    model = _private(inner, len(x))
+    step = tf.function(lambda: model.private_gradients(tf.constant(x), tf.constant(y)).gradients)
+    try:
+        first = step()
+    except tf.errors.InvalidArgumentError as err:
+        assert "pfor" in str(err)  # pfor's crash, nothing released
+        checks = model.optimizer._dp_step_checks
+        assert float(checks.probing.numpy()) == 1.0 and float(checks.verified.numpy().max()) == 0.0
+        first = step()  # the same graph: the first choice counts as failed now
+    np.testing.assert_allclose(flat(first), _clipped_mean(inner, x, y), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(flat(step()), flat(first), rtol=1e-6)
+
+
+class EveryBatchMean(L.Layer):
+    """Writes its batch's mean into a non-trainable weight on every training call."""
+
+    def build(self, shape):
+        self.mean = self.add_weight(shape=(shape[-1],), initializer="zeros", trainable=False)
+
+    def call(self, h, training=None):
+        if training:
+            self.mean.assign(keras.ops.mean(h, axis=[0, 1, 2, 3]))
+        return h
+
+
+def test_a_crashed_fit_step_leaves_no_non_trainable_weight_it_wrote() -> None:
+    """The crashed step's probe had run the forward pass (writing the batch's mean) before
+    pfor crashed, and the step's own restore never ran: the batch's mean stayed in the
+    model, and the next step's guard restored to it when it refused."""
+    x, y = _data(32)
+    layer = EveryBatchMean()
+    model = _private(_grouped_conv3d(layer), 8)
+    with pytest.warns(RuntimeWarning, match="'vectorized' crashed"), \
+            pytest.raises(ValueError, match="updated non-trainable weights"):
+        model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=8, seed=1), epochs=1, verbose=0)
+    assert np.all(layer.mean.numpy() == 0.0)
