@@ -106,7 +106,8 @@ def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callab
       :data:`fdp_tf.refusals.REFUSED`) is raised as the ``ValueError`` it is;
     * a first step that crashed inside TensorFlow while its trace was unverified (pfor
       through a Conv3D with groups) released nothing: the non-trainable weights and seed
-      states its passes changed are restored (its own restore did not get to run), the method's
+      states its passes changed are restored (its own restore did not get to run; so they
+      are after a refusal of such a step), the method's
       fallback is engaged and the next batch trained, and the epoch ends when Keras
       counts it should (the batch the crash consumed is owed at the end of the data).
     """
@@ -128,12 +129,14 @@ def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callab
                 return last[0]
             raise
         except tf.errors.OpError as err:
+            # a crash, or a refusal raised before the step's own restore ran (a loss with one
+            # entry per batch, met by the probe's first pass), left what the passes wrote
+            for v, value in zip(state, before):
+                v.assign(value)
             refusal = as_value_error(err)
             if refusal is not None:
                 _forget_recorded_refusals(model.optimizer)
                 raise refusal from err
-            for v, value in zip(state, before):  # a crash skipped the step's own restore
-                v.assign(value)
             if XLA_FAILED in str(err):  # nothing ran: the step did not compile
                 raise ValueError(
                     "the private step of this model does not compile with XLA (jit_compile=True): "

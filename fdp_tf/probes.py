@@ -293,6 +293,7 @@ def probe(
     seeds: Sequence[Any],
     *,
     check_primary: tf.Tensor,
+    probing: Any = None,
 ) -> Verdict:
     """Run the independence probe and the method checks on one batch.
 
@@ -305,6 +306,8 @@ def probe(
         method used when it fails.
       seeds: :func:`seed_states` of the model, reset before every pass.
       check_primary: False when the first-choice method already failed (it is not run).
+      probing: a variable set to 1 just before the first choice's check runs and to 0 just
+        after it: a crash inside TensorFlow leaves it at 1 (:mod:`fdp_tf.fallback`).
     """
     start = [tf.identity(tf.convert_to_tensor(s)) for s in seeds]
 
@@ -330,10 +333,21 @@ def probe(
     def run_check(check: Callable[[ForwardFn], tf.Tensor]) -> Callable[[], tf.Tensor]:
         return lambda: tf.convert_to_tensor(check(on(base)))
 
+    def run_primary() -> tf.Tensor:
+        if probing is None:
+            return run_check(checks[0])()
+        marked = probing.assign(1.0)
+        with tf.control_dependencies(_graph_only([marked])):  # the check's ops run after the mark
+            ok = run_check(checks[0])()
+        with tf.control_dependencies(_graph_only([ok])):
+            cleared = probing.assign(0.0)
+        with tf.control_dependencies(_graph_only([cleared])):
+            return tf.identity(ok)
+
     yes = tf.constant(True)
     # a first choice that already failed is not run again (pfor may crash): its fallback is
     check_primary = tf.convert_to_tensor(check_primary)
-    primary_ok = tf.cond(tf.logical_and(m > 0, check_primary), run_check(checks[0]), lambda: check_primary)
+    primary_ok = tf.cond(tf.logical_and(m > 0, check_primary), run_primary, lambda: check_primary)
     method_ok = primary_ok
     if len(checks) > 1:
         method_ok = tf.cond(primary_ok, lambda: yes, lambda: tf.cond(m > 0, run_check(checks[1]), lambda: yes))
@@ -359,3 +373,8 @@ def probe(
     for s, value in zip(seeds, start):  # the step's own pass draws what it would have drawn
         s.assign(value)
     return Verdict(deterministic, independent, method_ok, primary_ok, m >= 2)
+
+
+def _graph_only(ops: list[Any]) -> list[Any]:
+    """Control inputs in a graph; none eagerly (the ops ran in order)."""
+    return [] if tf.executing_eagerly() else ops

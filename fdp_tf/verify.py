@@ -35,7 +35,7 @@ from fdp_tf.nonfinite import single_row_check, without_nonfinite_examples
 from fdp_tf.probes import Verdict, method_check, probe, seed_states, signature_fn
 from fdp_tf.randomness import num_replicas
 from fdp_tf.recurrent_tangents import tangent_unsupported
-from fdp_tf.refusals import RefusalRecord, as_value_error, gated, recording, refuse_unless
+from fdp_tf.refusals import RefusalRecord, gated, recording, refuse_unless
 
 __all__ = ["StepChecks", "methods", "raise_recorded_refusals", "step_checks", "verified_private_gradient"]
 
@@ -85,9 +85,12 @@ class StepChecks:
     """Verification state of one optimizer: which traces passed, and whether its
     first-choice per-example method failed (then the fallback is used for good).
 
-    ``probing`` is set while a probe runs the first choice and cleared when it has run: a
-    first choice that crashed inside TensorFlow (:mod:`fdp_tf.fallback`) leaves it set, so
-    a later call of the same graph counts the first choice as failed.
+    ``verified[slot]`` is 1 for a trace that passed the probe with the first choice, 2 with
+    the fallback: a trace verified with the first choice is probed again if the fallback is
+    engaged later (a crash of another trace), so no trace runs a method it did not check.
+    ``probing`` is set while a probe runs the first choice's check and cleared when the
+    check has run: a first choice that crashed inside TensorFlow (:mod:`fdp_tf.fallback`)
+    leaves it set, so a later call of the same graph counts the first choice as failed.
     """
 
     def __init__(self) -> None:
@@ -114,14 +117,20 @@ class StepChecks:
             self.used.add(slot)
         return slot
 
-    def pending(self, slot: int | None) -> tf.Tensor:
-        return tf.constant(True) if slot is None else self.verified[slot] < 0.5
+    def pending(self, slot: int | None, failed_before: tf.Tensor) -> tf.Tensor:
+        """Whether ``slot``'s trace still needs the probe: never verified, or verified
+        with the first choice and now running the fallback (a crash elsewhere chose it)."""
+        if slot is None:
+            return tf.constant(True)
+        return self.verified[slot] < tf.where(failed_before, 2.0, 1.0)
 
-    def mark(self, slot: int | None, done: tf.Tensor) -> Any:
+    def mark(self, slot: int | None, done: tf.Tensor, on_fallback: tf.Tensor) -> Any:
+        """Record that ``slot``'s trace passed the probe: 1 with the first choice, 2 with the fallback."""
         if slot is None:
             return None
+        level = tf.where(on_fallback, 2.0, 1.0)
         return _when(done, lambda: self.verified.assign(
-            tf.tensor_scatter_nd_update(tf.convert_to_tensor(self.verified), [[slot]], [1.0])))
+            tf.tensor_scatter_nd_update(tf.convert_to_tensor(self.verified), [[slot]], [level])))
 
     def mark_failed(self, failed: tf.Tensor) -> Any:
         return _when(failed, lambda: self.failed.assign(1.0))
@@ -183,17 +192,20 @@ def verified_private_gradient(
         try:
             return _verified(checks, guard, optimizer, forward_fn, variables, model, forward_on_rows,
                              forward_on_indices)
-        except (LookupError, tf.errors.OpError) as err:
-            # a gradient TensorFlow lacks (fdp_tf.second_order) or, eagerly, a first choice
-            # that crashed inside TensorFlow (fdp_tf.fallback): the caller retries
-            if isinstance(err, tf.errors.OpError) and as_value_error(err) is not None:
-                raise  # a refusal: the guard already ran
+        except (LookupError, tf.errors.OpError, ValueError) as err:
+            # a gradient TensorFlow lacks (fdp_tf.second_order), or eagerly a first choice that
+            # crashed inside TensorFlow (fdp_tf.fallback) or a refusal raised before the
+            # guard's restore (the probe's first pass): the caller retries, or raises
             if isinstance(err, LookupError):
                 checks.used &= slots  # the failed trace's slot was never verified, nor will be
             if tf.executing_eagerly():  # the probe ran: the retry starts where this attempt did
                 for state, value in seeds:
                     state.assign(value)
-                guard.check()  # restores (or refuses) what it changed of the weights
+                try:
+                    guard.check()  # restores what the attempt changed of the weights, and refuses
+                except ValueError:
+                    if not isinstance(err, ValueError):  # a refusal already: its own message
+                        raise
             raise
 
 
@@ -221,27 +233,24 @@ def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn:
         tests.append(method_check(kind, fallback, variables, model) if kind == "jl" else trusted)
     signature = signature_fn(variables, model)
     def probed() -> Verdict:
-        check_primary = tf.logical_not(failed_before)
-        # set before the probe runs the first choice, cleared after: a crash leaves it set
-        probing = [] if fallback is None else [_when(check_primary, lambda: checks.probing.assign(1.0))]
-        with tf.control_dependencies([p for p in probing if p is not None]):
-            found = probe(forward_fn, forward_on_indices, signature, tests, seed_states(model),
-                          check_primary=check_primary)
+        found = probe(forward_fn, forward_on_indices, signature, tests, seed_states(model),
+                      check_primary=tf.logical_not(failed_before),
+                      probing=None if fallback is None else checks.probing)
         # booked here, where the probe ran: a later step of the trace does nothing
         done = tf.reduce_all(tf.stack([found.complete, found.deterministic, found.independent,
                                        found.method_ok]))
-        book = [checks.mark(slot, done)]
+        # the method verified: the fallback where the first choice failed, before or now
+        on_fallback = tf.logical_or(failed_before, tf.logical_not(found.primary_ok))
+        book = [checks.mark(slot, done, on_fallback)]
         if fallback is not None:  # its own check passed: use it from now on
             book.append(checks.mark_failed(tf.logical_and(tf.logical_not(found.primary_ok), found.method_ok)))
-            with tf.control_dependencies(list(found)):  # after the probe ran
-                book.append(checks.probing.assign(0.0))
         book = [b for b in book if b is not None]
         if book and not tf.executing_eagerly():
             with tf.control_dependencies(book):
                 return Verdict(*[tf.identity(t) for t in found])
         return found
 
-    verdict = _cond(checks.pending(slot), probed, Verdict.passed)
+    verdict = _cond(checks.pending(slot, failed_before), probed, Verdict.passed)
     primary_failed = tf.logical_not(verdict.primary_ok)
 
     def run(fwd: ForwardFn, method: str) -> Callable[[], PrivateGradient]:

@@ -40,10 +40,10 @@ def _grouped_conv3d(*extra: L.Layer) -> keras.Model:
     return keras.Sequential([keras.Input((4, 4, 4, 2)), L.Conv3D(2, 2, groups=2), *extra, L.Flatten(), L.Dense(3)])
 
 
-def _private(inner: keras.Model, batch: int) -> fdp_tf.PrivateModel:
+def _private(inner: keras.Model, batch: int, loss=CE, **kw) -> fdp_tf.PrivateModel:
     optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=C, noise_multiplier=0.0, learning_rate=1.0, seed=0,
                                     expected_batch_size=batch)
-    model = fdp_tf.make_private(inner, optimizer=optimizer, loss=CE)
+    model = fdp_tf.make_private(inner, optimizer=optimizer, loss=loss, **kw)
     model.open_segment(fdp_tf.PoissonSampling(num_examples=10 * batch, expected_batch_size=batch))
     return model
 
@@ -90,7 +90,7 @@ class EveryBatchMean(L.Layer):
 
     def call(self, h, training=None):
         if training:
-            self.mean.assign(keras.ops.mean(h, axis=[0, 1, 2, 3]))
+            self.mean.assign(keras.ops.mean(h, axis=list(range(len(h.shape) - 1))))
         return h
 
 
@@ -105,3 +105,44 @@ def test_a_crashed_fit_step_leaves_no_non_trainable_weight_it_wrote() -> None:
             pytest.raises(ValueError, match="updated non-trainable weights"):
         model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=8, seed=1), epochs=1, verbose=0)
     assert np.all(layer.mean.numpy() == 0.0)
+
+
+def _one_entry(y_true, y_pred):  # shape [1]: refused at run time on Poisson batches
+    return keras.ops.mean(CE(y_true, y_pred), keepdims=True)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_refused_first_step_leaves_nothing_written(eager: bool) -> None:
+    """Found by review: the probe's first pass writes the batch mean, then the check that the
+    loss has one entry per row refuses the step before the step's own restore runs; the
+    mean stayed in the model, and the probe's mark of a check under way stayed set (the
+    next fit silently used the per-example loop for good)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 5)).astype("float32"), rng.integers(0, 3, size=32).astype("int32")
+    layer = EveryBatchMean()
+    keras.utils.set_random_seed(3)
+    model = _private(keras.Sequential([keras.Input((5,)), layer, L.Dense(3)]), 8, loss=_one_entry,
+                     run_eagerly=eager)
+    with pytest.raises(ValueError, match="one entry per input row"):
+        model.fit(fdp_tf.poisson_batches(x, y, expected_batch_size=8, seed=1), epochs=1, verbose=0)
+    assert np.all(layer.mean.numpy() == 0.0)
+    checks = model.optimizer._dp_step_checks
+    assert float(checks.probing.numpy()) == 0.0 and float(checks.failed.numpy()) == 0.0
+
+
+def test_a_trace_verified_with_the_first_choice_is_probed_again_on_the_fallback() -> None:
+    """The fallback engaged later (a crash of another trace) is checked on every trace that
+    runs it: a trace verified with the first choice is probed again, not trusted."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 5)).astype("float32"), rng.integers(0, 3, size=8).astype("int32")
+    keras.utils.set_random_seed(3)
+    model = _private(keras.Sequential([keras.Input((5,)), L.Dense(4, activation="tanh"), L.Dense(3)]), 8)
+    step = tf.function(lambda: model.private_gradients(tf.constant(x), tf.constant(y)).gradients)
+    step()
+    checks = model.optimizer._dp_step_checks
+    # the traces that ran (the first call traces twice: it created the checks' variables)
+    slots = [s for s in sorted(checks.used) if checks.verified.numpy()[s] > 0]
+    assert [checks.verified.numpy()[s] for s in slots] == [1.0]  # with the first choice (the taps)
+    checks.failed.assign(1.0)  # what engage_fallback does after another trace crashed
+    np.testing.assert_allclose(flat(step()), _clipped_mean(model.base_model, x, y), rtol=1e-4, atol=1e-7)
+    assert [checks.verified.numpy()[s] for s in slots] == [2.0]  # probed again, with the loop
