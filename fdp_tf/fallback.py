@@ -91,12 +91,9 @@ def retried_after_crash(step: Callable[[], T], optimizer: Any, model: Any) -> T:
 
 
 def _pending(optimizer: Any) -> bool:
-    """Whether a step may still probe an unverified method (so may crash in it)."""
+    """Whether a step may still probe (so may crash or be refused inside the probe)."""
     checks = getattr(optimizer, "_dp_step_checks", None)
-    if checks is None:
-        return True
-    verified = checks.verified.numpy()
-    return checks.traces >= SLOTS or not checks.used or any(verified[s] < 0.5 for s in checks.used)
+    return checks is None or checks.pending_on_host()
 
 
 def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callable[[Any], Any]:

@@ -135,6 +135,13 @@ class StepChecks:
     def mark_failed(self, failed: tf.Tensor) -> Any:
         return _when(failed, lambda: self.failed.assign(1.0))
 
+    def pending_on_host(self) -> bool:
+        """Whether a later step may still run a probe (so may crash or be refused inside it):
+        :meth:`pending` of every trace, read on the host."""
+        verified = self.verified.numpy()
+        needed = 2.0 if bool(self.failed_before().numpy()) else 1.0
+        return self.traces >= SLOTS or not self.used or any(verified[s] < needed for s in self.used)
+
     def failed_before(self) -> tf.Tensor:
         """The first choice failed its check, or crashed while a probe ran it."""
         return tf.logical_or(tf.convert_to_tensor(self.failed) > 0.5, tf.convert_to_tensor(self.probing) > 0.5)

@@ -146,3 +146,18 @@ def test_a_trace_verified_with_the_first_choice_is_probed_again_on_the_fallback(
     checks.failed.assign(1.0)  # what engage_fallback does after another trace crashed
     np.testing.assert_allclose(flat(step()), _clipped_mean(model.base_model, x, y), rtol=1e-4, atol=1e-7)
     assert [checks.verified.numpy()[s] for s in slots] == [2.0]  # probed again, with the loop
+
+
+def test_the_host_saves_the_weights_for_a_second_probe_too() -> None:
+    """fit snapshots the non-trainable weights while a probe may run: also when a trace
+    verified with the first choice will be probed again on the fallback (it read < 0.5)."""
+    from fdp_tf.verify import StepChecks
+
+    checks = StepChecks()
+    checks.traces, checks.used = 1, {1}
+    checks.verified.assign(tf.tensor_scatter_nd_update(checks.verified, [[1]], [1.0]))
+    assert not checks.pending_on_host()
+    checks.failed.assign(1.0)
+    assert checks.pending_on_host()
+    checks.verified.assign(tf.tensor_scatter_nd_update(checks.verified, [[1]], [2.0]))
+    assert not checks.pending_on_host()
