@@ -46,19 +46,21 @@ XLA_FAILED = "tf2xla conversion failed"
 
 
 def engage_fallback(optimizer: Any, model: Any, err: BaseException | None = None) -> str | None:
-    """After a step whose probe crashed inside the first-choice method (e.g. pfor through a
-    Conv3D with groups): use the fallback from now on. Returns the abandoned method, or
-    ``None`` if the crash is not the method's. A method the user chose (no fallback) that
+    """After a step that crashed inside TensorFlow in a trace's first run, before the step
+    computed its gradient once (in the probe, or in the first-choice method: pfor through
+    a Conv3D with groups, the double vjp through a ``tf.cond`` whose branches differ in
+    shape): use the fallback from now on. Returns the abandoned method, or ``None`` if the
+    crash is not the method's (every trace that ran computed its gradient before). A method the user chose (no fallback) that
     crashed so raises a ``ValueError`` naming the one to choose instead."""
     checks = getattr(optimizer, "_dp_step_checks", None)
     if checks is None or float(checks.failed.numpy()) > 0.5:
         return None
-    verified = checks.verified.numpy()
-    if all(verified[slot] > 0.5 for slot in checks.used) and checks.traces < SLOTS:
-        return None  # every trace passed its probe: the crash is not the method's
+    if not checks.first_runs() and checks.traces < SLOTS:
+        return None  # every trace that ran computed its gradient before: the crash is not the method's
     kind, primary, fallback = methods(optimizer, model)
     if fallback is None:
-        advice = "per_example_method='loop'" if kind == "exact" else "jvp_method='double_vjp' or 'loop'"
+        advice = ("per_example_method='loop'" if kind == "exact" else
+                  "jvp_method='loop'" if primary == "double_vjp" else "jvp_method='double_vjp' or 'loop'")
         what = "per-example" if kind == "exact" else "JL"
         cause = "" if err is None else f" ({type(err).__name__}: {first_line(err)})"
         raise ValueError(

@@ -153,18 +153,26 @@ class StateGuard:
             for v, old in zip(self.variables, self.before)
         ]))
 
-        def restore() -> tf.Tensor:
-            for v, old in zip(self.variables, self.before):
-                v.assign(old)
-            return tf.constant(True)
-
         if tf.executing_eagerly():
             if bool(changed):
-                restore()
+                self._restore()
             return refuse_unless(not bool(changed), self.message())
-        restored = tf.cond(changed, restore, lambda: tf.constant(False))
-        with tf.control_dependencies([restored]):
-            return refuse_unless(tf.logical_not(changed), self.message())
+        with tf.control_dependencies([self.restore_unless(tf.logical_not(changed))]):
+            return refuse_unless(tf.logical_not(changed), self.message(), restore=False)
+
+    def restore_unless(self, ok: tf.Tensor) -> Any:
+        """In a graph: the op that puts every variable back to its snapshot unless ``ok``
+        (before a refusal's assertion: :func:`fdp_tf.refusals.guarding`)."""
+        return tf.cond(ok, lambda: tf.constant(False), self._restore)
+
+    def fence(self) -> list[Any]:
+        """One read of each variable (what orders a later write after the op it depends on)."""
+        return [tf.identity(tf.convert_to_tensor(v)) for v in self.variables]
+
+    def _restore(self) -> tf.Tensor:
+        for v, old in zip(self.variables, self.before):
+            v.assign(old)
+        return tf.constant(True)
 
     def message(self) -> str:
         if self._message is not None:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
-import keras
 import tensorflow as tf
 
 from fdp_tf.forward import ZERO, ForwardFn, ForwardPass, record_forward

@@ -14,6 +14,10 @@ the traced step. Three things make such a refusal hold on every path:
   :meth:`RefusalRecord.raise_new` raises the first new one on the host as a
   ``ValueError`` — after every compiled step of ``fit`` and ``train_on_batch``, and
   whenever the optimizer's booked steps are read (``model.ledger``, ``model.epsilon``).
+* **a refusal leaves nothing written.** A failed check inside a pass stops the graph
+  before the step's own guard (:class:`fdp_tf.guards.StateGuard`) could put back what the
+  passes wrote to non-trainable weights, so inside :func:`guarding` the check restores
+  them first, and fences every later write of the step behind its assertion.
 * **it says what to do, at once where it can.** A check decided at trace time (a static
   shape) raises ``ValueError`` while tracing; eagerly every check raises at once; in a
   graph outside XLA, on one replica, the assertion raises
@@ -36,8 +40,8 @@ import tensorflow as tf
 
 from fdp_tf.randomness import num_replicas
 
-__all__ = ["REFUSED", "Check", "RefusalRecord", "as_value_error", "gated", "recording", "refuse_unless",
-           "repeated_later"]
+__all__ = ["REFUSED", "Check", "RefusalRecord", "as_value_error", "gated", "guarding", "recording",
+           "refuse_unless", "repeated_later"]
 
 #: Starts the message of every run-time refusal (how a graph error is recognised).
 REFUSED = "private step refused: "
@@ -124,13 +128,14 @@ def repeated_later() -> Iterator[None]:
         _REPEATED.depth -= 1
 
 
-def refuse_unless(ok: Any, message: str) -> list[Check]:
+def refuse_unless(ok: Any, message: str, restore: bool = True) -> list[Check]:
     """Refuse the step unless ``ok`` (a boolean scalar) holds.
 
     Raises ``ValueError(REFUSED + message)`` at once when the outcome is known: eagerly,
     or at trace time for a constant. In a graph: returns the :class:`Check`, which the
     caller must pass to :func:`gated` (``message`` must not contain ``]``, which ends it
-    in TensorFlow's error text).
+    in TensorFlow's error text). Inside :func:`guarding` a failed graph check first puts
+    the guarded variables back (``restore=False``: the guard's own check, which did).
     """
     if "]" in message:
         raise ValueError(f"a refusal message must not contain ']': {message!r}")
@@ -142,16 +147,52 @@ def refuse_unless(ok: Any, message: str) -> list[Check]:
     if getattr(_REPEATED, "depth", 0):
         return []
     ok = tf.convert_to_tensor(ok)
-    ops = []
-    if num_replicas() == 1 or not _ACTIVE:
-        # raises at once outside XLA; with several replicas a failed assertion would abort
-        # the step's collectives, which then fail for the rest of the process
-        ops.append(tf.debugging.Assert(ok, [REFUSED + message]))
+    guard = _GUARDS.stack[-1] if restore and getattr(_GUARDS, "stack", None) else None
+    guard = guard if guard is not None and guard.variables else None  # nothing to restore
+    # a failed assertion stops the graph before the step's own restore: restore first
+    ops = [] if guard is None else [guard.restore_unless(ok)]
+    with tf.control_dependencies(ops):
+        if num_replicas() == 1 or not _ACTIVE:
+            # raises at once outside XLA; with several replicas a failed assertion would abort
+            # the step's collectives, which then fail for the rest of the process
+            ops.append(tf.debugging.Assert(ok, [REFUSED + message]))
     if _ACTIVE:
         # after the assertion: recorded only where it did not raise (XLA drops it)
         with tf.control_dependencies(ops):
             ops.append(_ACTIVE[-1].note(ok, message))
+    if guard is not None:
+        # and no later write may run before the assertion decided (see guarding)
+        with tf.control_dependencies(ops):
+            ops.extend(guard.fence())
     return [Check(ok, tuple(ops))]
+
+
+#: per thread (a tf.distribute strategy traces its replicas' steps in threads at once)
+_GUARDS = threading.local()
+
+
+@contextlib.contextmanager
+def guarding(guard: Any) -> Iterator[None]:
+    """Inside (in this thread), a graph check restores ``guard``'s variables before its
+    assertion when it fails, so a refused step leaves nothing written, wherever it stops.
+
+    ``guard`` (a :class:`fdp_tf.guards.StateGuard`, snapshot at the step's start) gives
+    ``restore_unless(ok)``, the op that puts the snapshot back unless ``ok``, and
+    ``fence()``, one read of each variable. The reads come after the assertion, and
+    TensorFlow orders a variable's later writes after its earlier reads (automatic control
+    dependencies, program order), so no later write of the step can land after the restore
+    while the assertion is still undecided; an earlier write lands before the restore.
+    Without the fence a later pass's write could (the assertion, a stateful op without a
+    resource, is ordered only with other such ops).
+    """
+    stack = getattr(_GUARDS, "stack", None)
+    if stack is None:
+        stack = _GUARDS.stack = []
+    stack.append(guard)
+    try:
+        yield
+    finally:
+        stack.pop()
 
 
 def gated(tensors: Sequence[Any], checks: Sequence[Check]) -> list[Any]:

@@ -35,7 +35,7 @@ from fdp_tf.nonfinite import single_row_check, without_nonfinite_examples
 from fdp_tf.probes import Verdict, method_check, probe, seed_states, signature_fn
 from fdp_tf.randomness import num_replicas
 from fdp_tf.recurrent_tangents import tangent_unsupported
-from fdp_tf.refusals import RefusalRecord, gated, recording, refuse_unless
+from fdp_tf.refusals import RefusalRecord, gated, guarding, recording, refuse_unless
 
 __all__ = ["StepChecks", "methods", "raise_recorded_refusals", "step_checks", "verified_private_gradient"]
 
@@ -98,6 +98,11 @@ class StepChecks:
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         with tf.init_scope():  # may be created while the first step traces
             self.verified = tf.Variable(tf.zeros([SLOTS]), name="fdp_verified_traces", **kw)
+            # 1 for a trace that ran: TensorFlow discards the first trace of a call that
+            # created variables, and its slot is never verified
+            self.started = tf.Variable(tf.zeros([SLOTS]), name="fdp_started_traces", **kw)
+            # 1 for a trace whose step computed its gradient once: a crash before is its method's
+            self.finished = tf.Variable(tf.zeros([SLOTS]), name="fdp_finished_traces", **kw)
             self.failed = tf.Variable(0.0, name="fdp_method_failed", **kw)
             self.probing = tf.Variable(0.0, name="fdp_method_probing", **kw)
         self.record = RefusalRecord()
@@ -116,6 +121,33 @@ class StepChecks:
         if slot is not None:
             self.used.add(slot)
         return slot
+
+    def start(self, slot: int | None) -> Any:
+        """Record that ``slot``'s trace runs (at its step's start): returns the op."""
+        if slot is None:
+            return None
+        return self.started.assign(tf.tensor_scatter_nd_update(
+            tf.convert_to_tensor(self.started), [[slot]], [1.0]))
+
+    def finish(self, slot: int | None, grads: Sequence[Any]) -> Any:
+        """Record that ``slot``'s step computed ``grads`` (after them): returns the op."""
+        if slot is None:
+            return None
+        after = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+        with tf.control_dependencies([] if tf.executing_eagerly() else after):
+            return self.finished.assign(tf.tensor_scatter_nd_update(
+                tf.convert_to_tensor(self.finished), [[slot]], [1.0]))
+
+    def first_runs(self) -> list[int]:
+        """On the host: the traces that ran but never computed their gradient (a crash
+        there, inside the probe or the first-choice method, is the method's)."""
+        finished = self.finished.numpy()
+        return [s for s in self.live() if finished[s] < 0.5]
+
+    def live(self) -> list[int]:
+        """On the host: the slots of traces that ran."""
+        started = self.started.numpy()
+        return [s for s in sorted(self.used) if started[s] > 0.5]
 
     def pending(self, slot: int | None, failed_before: tf.Tensor) -> tf.Tensor:
         """Whether ``slot``'s trace still needs the probe: never verified, or verified
@@ -138,9 +170,9 @@ class StepChecks:
     def pending_on_host(self) -> bool:
         """Whether a later step may still run a probe (so may crash or be refused inside it):
         :meth:`pending` of every trace, read on the host."""
-        verified = self.verified.numpy()
+        verified, live = self.verified.numpy(), self.live()
         needed = 2.0 if bool(self.failed_before().numpy()) else 1.0
-        return self.traces >= SLOTS or not self.used or any(verified[s] < needed for s in self.used)
+        return self.traces >= SLOTS or not live or any(verified[s] < needed for s in live)
 
     def failed_before(self) -> tf.Tensor:
         """The first choice failed its check, or crashed while a probe ran it."""
@@ -195,7 +227,9 @@ def verified_private_gradient(
     # (fdp_tf.fallback decides what a crash means), so a retry is a clean first try
     states = [*seed_states(model), optimizer.rng.state, checks.probing] if tf.executing_eagerly() else []
     seeds = [(s, tf.identity(s)) for s in states]
-    with recording(checks.record):  # what XLA's dropped assertions do not raise is raised on the host
+    # what XLA's dropped assertions do not raise is raised on the host; a refusal anywhere in
+    # the step first restores what the step's passes wrote
+    with recording(checks.record), guarding(guard):
         try:
             return _verified(checks, guard, optimizer, forward_fn, variables, model, forward_on_rows,
                              forward_on_indices)
@@ -257,7 +291,10 @@ def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn:
                 return Verdict(*[tf.identity(t) for t in found])
         return found
 
-    verdict = _cond(checks.pending(slot, failed_before), probed, Verdict.passed)
+    started = checks.start(slot)  # before the probe and the methods, which may crash
+    with tf.control_dependencies([] if started is None or tf.executing_eagerly() else [started]):
+        pending = checks.pending(slot, failed_before)
+    verdict = _cond(pending, probed, Verdict.passed)
     primary_failed = tf.logical_not(verdict.primary_ok)
 
     def run(fwd: ForwardFn, method: str) -> Callable[[], PrivateGradient]:
@@ -281,6 +318,10 @@ def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn:
                 + refuse_unless(verdict.independent, MIXED)
                 + refuse_unless(verdict.method_ok, _method_message(kind, primary, fallback)))
     grads = gated(result.gradients, refusals)
+    finished = checks.finish(slot, grads)
+    if finished is not None and not tf.executing_eagerly():
+        with tf.control_dependencies([finished]):
+            grads = [tf.identity(g) for g in grads]
     return PrivateGradient(grads, result.forward, result.norms, result.clip_factors, result.dropped,
                            result.fallbacks)
 

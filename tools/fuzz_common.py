@@ -16,6 +16,18 @@ import fdp_tf
 
 CLIP = 0.1
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+def rare_one_entry(y_true: Any, y_pred: Any) -> Any:
+    """A hostile "robust" loss: one loss per row, but one entry for the whole batch (its
+    mean) when some row's loss exceeds 1.25 (refused at run time, on such batches only)."""
+    per_row = LOSS(y_true, y_pred)
+    return tf.cond(tf.reduce_max(per_row) > 1.25, lambda: tf.reduce_mean(per_row, keepdims=True),
+                   lambda: per_row)
+
+
+#: the fuzzer's losses by name (``Case.loss``)
+LOSSES = {"per_row": LOSS, "rare_one_entry": rare_one_entry}
 JL_PROJECTIONS = 3
 #: ``"jl_forward"`` / ``"jl_forward_batched"``: one / three directions in forward mode, through
 #: the recurrent loops a tangent pass (the directions vectorized) then a taped pass

@@ -156,16 +156,19 @@ class Case:
     x: np.ndarray = field(repr=False)
     y: np.ndarray = field(repr=False)
     activation: str | None = None  # of the trunk's layers; None: each layer's own default
+    loss: str = "per_row"  # a name in fuzz_common.LOSSES
 
     def describe(self) -> str:
         activation = "" if self.activation is None else f"/{self.activation}"
-        return f"seed={self.seed} {self.family}{activation}/{self.optimizer}/{self.path}"
+        loss = "" if self.loss == "per_row" else f"/{self.loss}"
+        return f"seed={self.seed} {self.family}{activation}/{self.optimizer}/{self.path}{loss}"
 
 
 def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[str, ...] = STEP_PATHS,
-                softsign: bool | None = None) -> Case:
+                softsign: bool | None = None, hostile_loss: bool = False) -> Case:
     """The case of ``seed``: its model family, layers, data, optimizer and paths; ``softsign``
-    True or False overrides the drawn activation (the draws are the same either way)."""
+    True or False overrides the drawn activation (the draws are the same either way); with
+    ``hostile_loss``, half the cases get a loss with one entry per batch on some batches."""
     rng = np.random.default_rng(seed)
     family = str(rng.choice(families))
     n = int(rng.integers(4, 9))
@@ -201,4 +204,6 @@ def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[st
     drawn = case.family in ("dense", "conv1d", "conv2d", "conv3d", "recurrent") and rng.random() < 0.2
     if drawn if softsign is None else softsign:
         case.activation = activation[0] = "softsign"
+    if hostile_loss and rng.random() < 0.5:  # drawn last and only when asked: the sample is unchanged
+        case.loss = "rare_one_entry"
     return case

@@ -13,7 +13,8 @@ Every generated case must end one of two ways: trained privately, or refused wit
     term's norm is <= C (1 + 1e-4). DP-SGD-JL: c_i = min(1, C / M_i) with M_i the JL
     estimate of ||g_i|| from the shared directions (its excess over C is what the JL
     mechanism's accounting covers), so only c_i >= 0 and the direction are checked.
-    No non-trainable weight may change (data-dependent state released unnoised).
+    No non-trainable weight may change (data-dependent state released unnoised), not
+    even in a step that is refused.
 (b) noise. With the same seeds, sigma = 1 minus sigma = 0 is the noise alone: its
     sample variance over the model's P weights must fit (sigma C / B)^2 (a chi-square
     test at 1e-6 on each side).
@@ -36,6 +37,7 @@ path runs as ``fit``).
 
     python tools/privacy_fuzz.py --budget 60            # minutes of random search
     python tools/privacy_fuzz.py --cases 40 --seed 0    # a fixed sample
+    python tools/privacy_fuzz.py --budget 20 --hostile-loss   # and losses refused on some batches
 
 Seeds are explicit (the fuzzer needs repeatable directions and noise), so fdp_tf's
 ``NotPrivateWarning`` is silenced here: no model trained by this script is private.
@@ -72,7 +74,7 @@ from scipy import stats  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fdp  # noqa: E402
 import fdp_tf  # noqa: E402
-from fuzz_common import CLIP, LOSS, OwnStep, make_optimizer  # noqa: E402
+from fuzz_common import CLIP, LOSS, LOSSES, OwnStep, make_optimizer  # noqa: E402
 from fuzz_models import STEP_PATHS, Case, random_case  # noqa: E402
 
 
@@ -160,7 +162,7 @@ class StepRunner:
             wrapper = OwnStep if self.path == "custom_train_step" else fdp_tf.PrivateModel
             model = wrapper(self.case.build())
             model.compile(optimizer=make_optimizer(self.case.optimizer, self.sigma, self.batch, 1.0, self.seed),
-                          loss=LOSS, jit_compile=self.path == "fit_jit")
+                          loss=LOSSES[self.case.loss], jit_compile=self.path == "fit_jit")
             model.optimizer.build(model.trainable_variables)
         self.start = [np.array(v.numpy()) for v in self._variables(model)]
         return model
@@ -187,6 +189,22 @@ class StepRunner:
         before = [np.array(v.numpy()) for v in model.trainable_variables]
         state = _state(model.base_model)
         sampling = fdp_tf.PoissonSampling(num_examples=len(case.x), expected_batch_size=self.batch)
+        try:
+            self._run(model, x, y, rows, sampling)
+        except ValueError:  # a refusal: nothing of the step may stay either
+            self._unchanged(state, model, "refused")
+            raise
+        self._unchanged(state, model, "not refused")
+        return np.concatenate([(np.array(v.numpy()) - b).ravel()
+                               for v, b in zip(model.trainable_variables, before)])
+
+    @staticmethod
+    def _unchanged(state: list[np.ndarray], model: keras.Model, outcome: str) -> None:
+        for a, b in zip(state, _state(model.base_model)):
+            if not np.array_equal(a, b):
+                raise AssertionError(f"a non-trainable weight changed in a private step that was {outcome}")
+
+    def _run(self, model: keras.Model, x: np.ndarray, y: np.ndarray, rows: np.ndarray, sampling: Any) -> None:
         if self.path in ("fit", "fit_jit", "custom_train_step", "distributed"):
             # repeated: a first step whose method crashed (pfor, Conv3D groups) trains the next;
             # batched from slices: the batch size is dynamic (as poisson_batches gives), one trace
@@ -199,11 +217,6 @@ class StepRunner:
         else:
             model.open_segment(sampling)
             model.train_on_batch(x, y)
-        for a, b in zip(state, _state(model.base_model)):
-            if not np.array_equal(a, b):
-                raise AssertionError("a non-trainable weight changed in a private step that was not refused")
-        return np.concatenate([(np.array(v.numpy()) - b).ravel()
-                               for v, b in zip(model.trainable_variables, before)])
 
 
 @dataclass
@@ -285,7 +298,7 @@ def check_accounting(case: Case, delta: float = 1e-5) -> Outcome:
 
 
 def run(seeds: Any, deadline: float = math.inf, accounting_every: int = 4, path: str | None = None,
-        activation: str | None = None) -> list[Outcome]:
+        activation: str | None = None, hostile_loss: bool = False) -> list[Outcome]:
     """Check the cases of ``seeds`` until ``deadline`` (time.monotonic()); prints a line each.
     With ``activation``, only the cases whose trunk has it."""
     outcomes = []
@@ -294,7 +307,8 @@ def run(seeds: Any, deadline: float = math.inf, accounting_every: int = 4, path:
         for k, seed in enumerate(seeds):
             if time.monotonic() > deadline:
                 break
-            case = random_case(seed) if path is None else random_case(seed, paths=(path,))
+            paths = STEP_PATHS if path is None else (path,)
+            case = random_case(seed, paths=paths, hostile_loss=hostile_loss)
             if activation is not None and case.activation != activation:
                 continue
             results = [check_case(case)]
@@ -315,16 +329,18 @@ def main() -> None:
     ap.add_argument("--no-ledger", action="store_true", help="skip the accounting check (c)")
     ap.add_argument("--activation", choices=["softsign"], default=None,
                     help="only the cases whose trunk has this activation (no second derivative in TensorFlow)")
+    ap.add_argument("--hostile-loss", action="store_true",
+                    help="half the cases get a loss with one entry per batch on some batches (refused then)")
     args = ap.parse_args()
     every = 10**9 if args.no_ledger else 4
     began = time.monotonic()
     if args.budget is not None:
         start = int.from_bytes(os.urandom(4), "little")
         outcomes = run(range(start, start + 10**9), deadline=began + 60 * args.budget, path=args.path,
-                       accounting_every=every, activation=args.activation)
+                       accounting_every=every, activation=args.activation, hostile_loss=args.hostile_loss)
     else:
         outcomes = run(range(args.seed, args.seed + args.cases), path=args.path, accounting_every=every,
-                       activation=args.activation)
+                       activation=args.activation, hostile_loss=args.hostile_loss)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("private", "refused", "VIOLATION")}
     models = len({o.case.seed for o in outcomes})
     by_path: dict[str, int] = {}

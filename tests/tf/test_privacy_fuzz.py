@@ -85,6 +85,19 @@ def test_found_eager_cases_are_private_or_refused(seed: int, softsign: bool | No
     _assert_private_or_refused(_check(fuzz_models.random_case(seed, softsign=softsign), ledger=False))
 
 
+#: with a loss that has one entry per batch on some batches (--hostile-loss): 7 refuses a
+#: batch whose layer wrote its mean (a refused step must leave nothing written); 12 crashes
+#: TensorFlow's double vjp (a cond whose branches differ in shape) in its trace's first
+#: step, after the probe passed: once the host no longer counted TensorFlow's discarded
+#: trace as unverified, the crash reached the user as itself, not as a ValueError
+FOUND_HOSTILE_LOSS = [7, 12]
+
+
+@pytest.mark.parametrize("seed", FOUND_HOSTILE_LOSS)
+def test_found_hostile_loss_cases_are_private_or_refused(seed: int) -> None:
+    _assert_private_or_refused(_check(fuzz_models.random_case(seed, hostile_loss=True), ledger=False))
+
+
 @pytest.mark.slow  # three XLA compilations (~100 s); conv1d under fit_jit: test_every_family_on_a_path
 @pytest.mark.parametrize("seed", FOUND)
 def test_found_cases_are_private_or_refused(seed: int) -> None:

@@ -130,18 +130,23 @@ def test_a_refused_first_step_leaves_nothing_written(eager: bool) -> None:
     assert float(checks.probing.numpy()) == 0.0 and float(checks.failed.numpy()) == 0.0
 
 
-def test_a_trace_verified_with_the_first_choice_is_probed_again_on_the_fallback() -> None:
-    """The fallback engaged later (a crash of another trace) is checked on every trace that
-    runs it: a trace verified with the first choice is probed again, not trusted."""
+def _dense_step():
+    """Data, a private dense model and a user's tf.function of its private step."""
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(8, 5)).astype("float32"), rng.integers(0, 3, size=8).astype("int32")
     keras.utils.set_random_seed(3)
     model = _private(keras.Sequential([keras.Input((5,)), L.Dense(4, activation="tanh"), L.Dense(3)]), 8)
-    step = tf.function(lambda: model.private_gradients(tf.constant(x), tf.constant(y)).gradients)
+    return x, y, model, tf.function(lambda: model.private_gradients(tf.constant(x), tf.constant(y)).gradients)
+
+
+def test_a_trace_verified_with_the_first_choice_is_probed_again_on_the_fallback() -> None:
+    """The fallback engaged later (a crash of another trace) is checked on every trace that
+    runs it: a trace verified with the first choice is probed again, not trusted."""
+    x, y, model, step = _dense_step()
     step()
     checks = model.optimizer._dp_step_checks
     # the traces that ran (the first call traces twice: it created the checks' variables)
-    slots = [s for s in sorted(checks.used) if checks.verified.numpy()[s] > 0]
+    slots = checks.live()
     assert [checks.verified.numpy()[s] for s in slots] == [1.0]  # with the first choice (the taps)
     checks.failed.assign(1.0)  # what engage_fallback does after another trace crashed
     np.testing.assert_allclose(flat(step()), _clipped_mean(model.base_model, x, y), rtol=1e-4, atol=1e-7)
@@ -155,9 +160,26 @@ def test_the_host_saves_the_weights_for_a_second_probe_too() -> None:
 
     checks = StepChecks()
     checks.traces, checks.used = 1, {1}
+    checks.started.assign(tf.tensor_scatter_nd_update(checks.started, [[1]], [1.0]))
     checks.verified.assign(tf.tensor_scatter_nd_update(checks.verified, [[1]], [1.0]))
     assert not checks.pending_on_host()
     checks.failed.assign(1.0)
     assert checks.pending_on_host()
     checks.verified.assign(tf.tensor_scatter_nd_update(checks.verified, [[1]], [2.0]))
     assert not checks.pending_on_host()
+
+
+def test_a_trace_tensorflow_discarded_leaves_no_probe_pending() -> None:
+    """The first call of a tf.function that creates variables traces twice, and TensorFlow
+    runs only the second trace: the first one's slot was never verified, so the host counted
+    a probe as pending for good (fit copied every non-trainable weight on every step) and
+    took any later crash for the first-choice method's."""
+    _, _, model, step = _dense_step()
+    step()
+    checks = model.optimizer._dp_step_checks
+    assert len(checks.used) == 2  # traced twice, one trace ran
+    assert not checks.pending_on_host()
+    from fdp_tf.fallback import engage_fallback
+
+    assert engage_fallback(model.optimizer, model.base_model) is None  # a later crash is not the method's
+    assert float(checks.failed.numpy()) == 0.0
