@@ -49,15 +49,20 @@ def engage_fallback(optimizer: Any, model: Any, err: BaseException | None = None
     """After a step that crashed inside TensorFlow in a trace's first run, before the step
     computed its gradient once (in the probe, or in the first-choice method: pfor through
     a Conv3D with groups, the double vjp through a ``tf.cond`` whose branches differ in
-    shape): use the fallback from now on. Returns the abandoned method, or ``None`` if the
-    crash is not the method's (every trace that ran computed its gradient before). A method the user chose (no fallback) that
-    crashed so raises a ``ValueError`` naming the one to choose instead."""
+    shape), or while a probe ran the first choice's check: use the fallback from now on.
+    Returns the abandoned method, or ``None`` if the crash is not the method's (every trace
+    that ran computed its gradient before, no check was under way) or the method is the
+    per-example loop, the reference of every other. A method the user chose (no fallback)
+    that crashed so raises a ``ValueError`` naming the one to choose instead."""
     checks = getattr(optimizer, "_dp_step_checks", None)
     if checks is None or float(checks.failed.numpy()) > 0.5:
         return None
-    if not checks.first_runs() and checks.traces < SLOTS:
+    probing = float(checks.probing.numpy()) > 0.5
+    if not probing and not checks.first_runs() and checks.traces < SLOTS:
         return None  # every trace that ran computed its gradient before: the crash is not the method's
     kind, primary, fallback = methods(optimizer, model)
+    if primary == "loop":
+        return None  # a crash of the reference is the model's or the data's, not a method's
     if fallback is None:
         advice = ("per_example_method='loop'" if kind == "exact" else
                   "jvp_method='loop'" if primary == "double_vjp" else "jvp_method='double_vjp' or 'loop'")

@@ -143,6 +143,8 @@ class StateGuard:
         self.variables = list(variables)
         self._message = message
         self.before = [tf.identity(tf.convert_to_tensor(v)) for v in self.variables]
+        self._put_back: Any = None
+        self._read_all: Any = None
 
     def check(self) -> list[Any]:
         """Compare, restore if changed, and refuse (eagerly: raise ``ValueError``)."""
@@ -166,13 +168,36 @@ class StateGuard:
         return tf.cond(ok, lambda: tf.constant(False), self._restore)
 
     def fence(self) -> list[Any]:
-        """One read of each variable (what orders a later write after the op it depends on)."""
-        return [tf.identity(tf.convert_to_tensor(v)) for v in self.variables]
+        """A read of every variable, in one call (TensorFlow orders a variable's later writes
+        after it, so after whatever it depends on)."""
+        if self._read_all is None:
+            variables = self.variables
+
+            @tf.function(autograph=False)
+            def read_all() -> tf.Tensor:
+                return tf.add_n([tf.cast(tf.size(tf.convert_to_tensor(v)), tf.int64) for v in variables])
+
+            self._read_all = read_all
+        return [self._read_all()]
 
     def _restore(self) -> tf.Tensor:
-        for v, old in zip(self.variables, self.before):
-            v.assign(old)
-        return tf.constant(True)
+        if tf.executing_eagerly():
+            for v, old in zip(self.variables, self.before):
+                v.assign(old)
+            return tf.constant(True)
+        if self._put_back is None:
+            # one function, traced once and called from every check site: a site adds a call,
+            # not one assignment per weight (a frozen backbone has hundreds)
+            variables = self.variables
+
+            @tf.function(autograph=False)
+            def put_back(*values: tf.Tensor) -> tf.Tensor:
+                for v, value in zip(variables, values):
+                    v.assign(value)
+                return tf.constant(True)
+
+            self._put_back = put_back
+        return self._put_back(*self.before)
 
     def message(self) -> str:
         if self._message is not None:

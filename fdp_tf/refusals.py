@@ -87,6 +87,15 @@ class RefusalRecord:
         failed = tf.cast(tf.logical_not(ok), tf.int32)
         return self.counts.assign_add(tf.one_hot(self.code(message), self.SLOTS, dtype=tf.int32) * failed)
 
+    def start(self) -> tf.Tensor:
+        """In a graph, at a step's start: this replica's counters before the step."""
+        return tf.identity(tf.convert_to_tensor(self.counts))
+
+    def unchanged_since(self, start: tf.Tensor) -> tf.Tensor:
+        """In a graph: no check of this replica noted a failure since ``start`` (also the
+        checks inside the step's branches and loops, whose outcomes stay there)."""
+        return tf.reduce_all(tf.equal(tf.convert_to_tensor(self.counts), start))
+
     def raise_new(self) -> None:
         """Raise ``ValueError`` for a refusal recorded since the last call, if any."""
         counts = np.asarray(tf.convert_to_tensor(self.counts)).astype(np.int64)

@@ -35,7 +35,7 @@ from fdp_tf.nonfinite import single_row_check, without_nonfinite_examples
 from fdp_tf.probes import Verdict, method_check, probe, seed_states, signature_fn
 from fdp_tf.randomness import num_replicas
 from fdp_tf.recurrent_tangents import tangent_unsupported
-from fdp_tf.refusals import RefusalRecord, gated, guarding, recording, refuse_unless
+from fdp_tf.refusals import Check, RefusalRecord, gated, guarding, recording, refuse_unless
 
 __all__ = ["StepChecks", "methods", "raise_recorded_refusals", "step_checks", "verified_private_gradient"]
 
@@ -221,6 +221,8 @@ def verified_private_gradient(
     """One private step of ``optimizer`` with every run-time check (module docstring)."""
     checks = step_checks(optimizer)
     guard = StateGuard(model)  # before anything of the step runs
+    # several replicas: the counters too, so that a refusal on one refuses every replica's release
+    start = checks.record.start() if num_replicas() > 1 and not tf.executing_eagerly() else None
     slots = set(checks.used)
     # eagerly, what an attempt that fails draws is undone: dropout's seed states (not weights),
     # the step's key (nothing drawn from it was released) and the mark of a probe under way
@@ -231,12 +233,13 @@ def verified_private_gradient(
     # the step first restores what the step's passes wrote
     with recording(checks.record), guarding(guard):
         try:
-            return _verified(checks, guard, optimizer, forward_fn, variables, model, forward_on_rows,
+            return _verified(checks, guard, start, optimizer, forward_fn, variables, model, forward_on_rows,
                              forward_on_indices)
-        except (LookupError, tf.errors.OpError, ValueError) as err:
+        except Exception as err:  # noqa: BLE001 - restored, then raised as it was
             # a gradient TensorFlow lacks (fdp_tf.second_order), or eagerly a first choice that
             # crashed inside TensorFlow (fdp_tf.fallback) or a refusal raised before the
-            # guard's restore (the probe's first pass): the caller retries, or raises
+            # guard's restore (the probe's first pass), or any other error of the model's code
+            # after it wrote a weight: the caller retries, or raises
             if isinstance(err, LookupError):
                 checks.used &= slots  # the failed trace's slot was never verified, nor will be
             if tf.executing_eagerly():  # the probe ran: the retry starts where this attempt did
@@ -250,7 +253,7 @@ def verified_private_gradient(
             raise
 
 
-def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn: ForwardFn,
+def _verified(checks: StepChecks, guard: StateGuard, start: tf.Tensor | None, optimizer: Any, forward_fn: ForwardFn,
               variables: Sequence[Any], model: Any, forward_on_rows: Callable[[tf.Tensor], ForwardPass] | None,
               forward_on_indices: Callable[[tf.Tensor], ForwardPass] | None) -> PrivateGradient:
     # several replicas draw the same Keras random numbers: a step that draws any is refused
@@ -317,6 +320,8 @@ def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn:
                 + refuse_unless(verdict.deterministic, NONDETERMINISTIC)
                 + refuse_unless(verdict.independent, MIXED)
                 + refuse_unless(verdict.method_ok, _method_message(kind, primary, fallback)))
+    if start is not None:
+        refusals.append(_refused_on_no_replica(refusals, checks.record, start))
     grads = gated(result.gradients, refusals)
     finished = checks.finish(slot, grads)
     if finished is not None and not tf.executing_eagerly():
@@ -324,6 +329,18 @@ def _verified(checks: StepChecks, guard: StateGuard, optimizer: Any, forward_fn:
             grads = [tf.identity(g) for g in grads]
     return PrivateGradient(grads, result.forward, result.norms, result.clip_factors, result.dropped,
                            result.fallbacks)
+
+
+def _refused_on_no_replica(refusals: list[Check], record: RefusalRecord, start: tf.Tensor) -> Check:
+    """Several replicas (no assertions: an aborted collective fails every later step): each
+    replica's release is zeros where a check refused the step on *any* replica. Gated on its
+    own checks alone, the other replicas' clipped sums went out with their shares of the
+    noise only (std sigma C / B times sqrt((k - 1) / k)), and were applied."""
+    with tf.control_dependencies([op for check in refusals for op in check.ops]):
+        here = tf.reduce_all(tf.stack([check.ok for check in refusals] + [record.unchanged_since(start)]))
+    refused = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(here), tf.float32))
+    return Check(tf.equal(refused, 0.0), ())
 
 
 def _when(pred: tf.Tensor, assign: Callable[[], Any]) -> Any:

@@ -183,3 +183,19 @@ def test_a_trace_tensorflow_discarded_leaves_no_probe_pending() -> None:
 
     assert engage_fallback(model.optimizer, model.base_model) is None  # a later crash is not the method's
     assert float(checks.failed.numpy()) == 0.0
+
+
+def test_a_crash_of_the_per_example_loop_is_the_datas_not_a_methods() -> None:
+    """Found by review: a token id beyond the embedding's table crashes the loop (the
+    reference method, with no fallback) on the first step; the crash was blamed on the
+    loop and raised as 'choose per_example_method=loop'."""
+    keras.utils.set_random_seed(3)
+    inner = keras.Sequential([keras.Input((3,), dtype="int32"), L.Embedding(10, 4), L.Flatten(), L.Dense(3)])
+    optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=C, noise_multiplier=0.0, learning_rate=1.0, seed=0,
+                                    expected_batch_size=4, per_example_method="loop")
+    model = fdp_tf.make_private(inner, optimizer=optimizer, loss=CE)
+    model.open_segment(fdp_tf.PoissonSampling(num_examples=40, expected_batch_size=4))
+    x = np.array([[1, 2, 3], [4, 5, 57], [1, 1, 1], [2, 2, 2]], "int32")  # 57 >= input_dim 10
+    with pytest.raises(tf.errors.InvalidArgumentError, match="57"):
+        model.private_gradients(tf.constant(x), tf.constant([0, 1, 2, 0], "int32"))
+    assert float(optimizer._dp_step_checks.failed.numpy()) == 0.0

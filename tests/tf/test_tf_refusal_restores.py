@@ -159,3 +159,24 @@ def test_a_failed_check_restores_first_and_a_later_write_waits_for_its_assertion
     (assertion,) = [op for op in graph.get_operations() if op.type == "Assert"]
     later = [op for op in graph.get_operations() if op.type == "AssignVariableOp"][-1]
     assert _reaches(later, assertion)
+
+
+def test_a_refusal_on_one_replica_refuses_every_replicas_release() -> None:
+    """Found by review: with several replicas there is no assertion, and each replica gated
+    its release on its own checks only. The refusing replica released zeros, the other its
+    clipped sum with its share of the noise alone (std sigma C / B / sqrt(2)), and Keras
+    applied the sum: a step at 0.71 x its booked noise."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "scripts" / "replica_refusal.py"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "updated non-trainable weights" in result["raised"]
+    assert result["moved"] == 0.0, "a replica's noised sum was applied after another replica refused"
+    assert result["seen"] == [0.0, 0.0]
