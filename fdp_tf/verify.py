@@ -338,8 +338,10 @@ def _refused_on_no_replica(refusals: list[Check], record: RefusalRecord, start: 
     noise only (std sigma C / B times sqrt((k - 1) / k)), and were applied."""
     with tf.control_dependencies([op for check in refusals for op in check.ops]):
         here = tf.reduce_all(tf.stack([check.ok for check in refusals] + [record.unchanged_since(start)]))
-    refused = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(here), tf.float32))
+    context = tf.distribute.get_replica_context()
+    if context is None:  # in cross-replica context: this is the only copy of the step
+        return Check(here, ())
+    refused = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(here), tf.float32))
     return Check(tf.equal(refused, 0.0), ())
 
 
