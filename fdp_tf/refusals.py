@@ -187,7 +187,7 @@ def guarding(guard: Any) -> Iterator[None]:
 
     ``guard`` (a :class:`fdp_tf.guards.StateGuard`, snapshot at the step's start) gives
     ``restore_unless(ok)``, the op that puts the snapshot back unless ``ok``, and
-    ``fence()``, one read of each variable. The reads come after the assertion, and
+    ``fence()``, a read of every variable in one call. The read comes after the assertion, and
     TensorFlow orders a variable's later writes after its earlier reads (automatic control
     dependencies, program order), so no later write of the step can land after the restore
     while the assertion is still undecided; an earlier write lands before the restore.

@@ -85,12 +85,15 @@ def test_found_eager_cases_are_private_or_refused(seed: int, softsign: bool | No
     _assert_private_or_refused(_check(fuzz_models.random_case(seed, softsign=softsign), ledger=False))
 
 
-#: with a loss that has one entry per batch on some batches (--hostile-loss): 7 refuses a
-#: batch whose layer wrote its mean (a refused step must leave nothing written); 12 crashes
-#: TensorFlow's double vjp (a cond whose branches differ in shape) in its trace's first
-#: step, after the probe passed: once the host no longer counted TensorFlow's discarded
-#: trace as unverified, the crash reached the user as itself, not as a ValueError
-FOUND_HOSTILE_LOSS = [7, 12]
+#: with a loss that has one entry per batch on some batches (--hostile-loss): 7 (a layer that
+#: mixes rows) and 156 (a layer that learns a mean from an outlier, under train_on_batch) are
+#: refused and must leave the non-trainable weights as they were (both also held before the
+#: restore of guarding: their steps are first steps, covered by fit's host copy; the later
+#: steps are tests/tf/test_tf_refusal_restores.py); 12 crashes TensorFlow's double vjp (a
+#: cond whose branches differ in shape) in its trace's first step, after the probe passed:
+#: once the host no longer counted TensorFlow's discarded trace as unverified, the crash
+#: reached the user as itself, not as a ValueError
+FOUND_HOSTILE_LOSS = [7, 12, 156]
 
 
 @pytest.mark.parametrize("seed", FOUND_HOSTILE_LOSS)
