@@ -157,18 +157,23 @@ class Case:
     y: np.ndarray = field(repr=False)
     activation: str | None = None  # of the trunk's layers; None: each layer's own default
     loss: str = "per_row"  # a name in fuzz_common.LOSSES
+    #: the checked steps are later steps of their trace: a clean step ran on it first
+    #: (the probe done, nothing pending), so only what a step does in its graph protects it
+    later_step: bool = False
 
     def describe(self) -> str:
         activation = "" if self.activation is None else f"/{self.activation}"
         loss = "" if self.loss == "per_row" else f"/{self.loss}"
-        return f"seed={self.seed} {self.family}{activation}/{self.optimizer}/{self.path}{loss}"
+        later = "/later_step" if self.later_step else ""
+        return f"seed={self.seed} {self.family}{activation}/{self.optimizer}/{self.path}{loss}{later}"
 
 
 def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[str, ...] = STEP_PATHS,
-                softsign: bool | None = None, hostile_loss: bool = False) -> Case:
+                softsign: bool | None = None, hostile_loss: bool = False, later_step: bool = False) -> Case:
     """The case of ``seed``: its model family, layers, data, optimizer and paths; ``softsign``
     True or False overrides the drawn activation (the draws are the same either way); with
-    ``hostile_loss``, half the cases get a loss with one entry per batch on some batches."""
+    ``hostile_loss``, half the cases get a loss with one entry per batch on some batches; with
+    ``later_step``, every checked step runs after a clean step on the same trace."""
     rng = np.random.default_rng(seed)
     family = str(rng.choice(families))
     n = int(rng.integers(4, 9))
@@ -206,4 +211,5 @@ def random_case(seed: int, families: tuple[str, ...] = FAMILIES, paths: tuple[st
         case.activation = activation[0] = "softsign"
     if hostile_loss and rng.random() < 0.5:  # drawn last and only when asked: the sample is unchanged
         case.loss = "rare_one_entry"
+    case.later_step = later_step  # not drawn: the sample is unchanged
     return case

@@ -33,11 +33,14 @@ Models come from the grammar of ``fuzz_models``; the paths of (a) and (b) are ``
 (eager or ``jit_compile``), a custom loop, a custom ``train_step``, ``train_on_batch``
 and ``fit`` under a two-replica ``MirroredStrategy`` (two logical CPUs, when this
 script configures TensorFlow first; in a process where TensorFlow already started, that
-path runs as ``fit``).
+path runs as ``fit``). With ``--later-step`` every checked step runs after a clean step on
+the same trace (its probe done, nothing pending on the host), and the custom loop is the
+user's step in a ``tf.function``.
 
     python tools/privacy_fuzz.py --budget 60            # minutes of random search
     python tools/privacy_fuzz.py --cases 40 --seed 0    # a fixed sample
     python tools/privacy_fuzz.py --budget 20 --hostile-loss   # and losses refused on some batches
+    python tools/privacy_fuzz.py --budget 20 --hostile-loss --later-step   # each after a clean step
 
 Seeds are explicit (the fuzzer needs repeatable directions and noise), so fdp_tf's
 ``NotPrivateWarning`` is silenced here: no model trained by this script is private.
@@ -76,6 +79,7 @@ import fdp  # noqa: E402
 import fdp_tf  # noqa: E402
 from fuzz_common import CLIP, LOSS, LOSSES, OwnStep, make_optimizer  # noqa: E402
 from fuzz_models import STEP_PATHS, Case, random_case  # noqa: E402
+from fdp_tf.refusals import REFUSED, as_value_error  # noqa: E402
 
 
 def two_replicas() -> bool:
@@ -153,6 +157,8 @@ class StepRunner:
         self.case, self.sigma, self.batch, self.seed = case, sigma, batch, seed
         self.path = case.path if case.path != "distributed" or two_replicas() else "fit"
         self.model: keras.Model | None = None
+        self.clean_step = "none"  # with ``case.later_step``: "ran" or why not
+        self._loop: Any = None  # the custom loop's traced step (``case.later_step``)
 
     def _build(self) -> keras.Model:
         keras.backend.clear_session()
@@ -176,11 +182,31 @@ class StepRunner:
     def _reset(self) -> keras.Model:
         if self.model is None:
             self.model = self._build()
-            return self.model
+            if not self.case.later_step:
+                return self.model
+            self._clean_step(self.model)
         model = self.model
         for v, value in zip(self._variables(model), self.start):
             v.assign(value)
         return model
+
+    def _clean_step(self, model: keras.Model) -> None:
+        """A step the checked ones come after, on the same trace (the same batch size), so its
+        probe is done and nothing is pending on the host when they run. Its labels are each
+        row's predicted class (every row's loss <= log(CLASSES) < 1.25: no hostile loss
+        refuses it); its inputs the case's, or if that is refused (a layer that learns from
+        an outlier) the case's clipped to [-1, 1]."""
+        x, every = self.case.x, np.arange(len(self.case.x))
+        candidates = [x] if x.dtype.kind == "i" else [x, np.clip(x, -1.0, 1.0)]
+        sampling = fdp_tf.PoissonSampling(num_examples=len(x), expected_batch_size=self.batch)
+        for inputs in candidates:
+            labels = np.argmax(np.asarray(model.base_model(inputs, training=False)), axis=-1).astype("int32")
+            try:
+                self._run(model, inputs, labels, every, sampling)
+                self.clean_step = "ran"
+                return
+            except ValueError as err:  # refused all the same (a model that mixes rows): not a later step
+                self.clean_step = f"refused ({str(err).splitlines()[0][len(REFUSED):][:50]})"
 
     def step(self, rows: np.ndarray) -> np.ndarray:
         """The weight change of one private step on ``rows`` of the case's data."""
@@ -198,6 +224,19 @@ class StepRunner:
         return np.concatenate([(np.array(v.numpy()) - b).ravel()
                                for v, b in zip(model.trainable_variables, before)])
 
+    def _traced_loop(self, model: keras.Model, x: np.ndarray, y: np.ndarray) -> Any:
+        """A user's custom loop step in one ``tf.function`` (one trace: the batch size is dynamic)."""
+        if self._loop is None:
+            spec = [tf.TensorSpec((None, *x.shape[1:]), tf.as_dtype(x.dtype)), tf.TensorSpec((None,), tf.int32)]
+
+            @tf.function(input_signature=spec)
+            def loop_step(x: tf.Tensor, y: tf.Tensor) -> None:
+                result = model.private_gradients(x, y)
+                model.optimizer.apply_gradients(zip(result.gradients, model.trainable_variables))
+
+            self._loop = loop_step
+        return self._loop
+
     @staticmethod
     def _unchanged(state: list[np.ndarray], model: keras.Model, outcome: str) -> None:
         for a, b in zip(state, _state(model.base_model)):
@@ -210,6 +249,16 @@ class StepRunner:
             # batched from slices: the batch size is dynamic (as poisson_batches gives), one trace
             data = tf.data.Dataset.from_tensor_slices((x, y)).batch(len(rows)).repeat()
             model.fit(data, epochs=1, steps_per_epoch=1, verbose=0, sampling=sampling)
+        elif self.path == "custom_loop" and self.case.later_step:
+            # a later step means something for a trace only: the user's loop in a tf.function
+            model.open_segment(sampling)
+            try:
+                self._traced_loop(model, x, y)(tf.constant(x), tf.constant(y))
+            except tf.errors.OpError as err:  # a refusal inside the user's graph
+                refusal = as_value_error(err)
+                if refusal is None:
+                    raise
+                raise refusal from err
         elif self.path == "custom_loop":
             model.open_segment(sampling)
             result = model.private_gradients(tf.constant(x), tf.constant(y))
@@ -238,6 +287,7 @@ def check_case(case: Case) -> Outcome:
     """Run checks (a) and (b) on ``case``; a ValueError anywhere is a refusal."""
     n = len(case.x)
     every = np.arange(n)
+    runner: StepRunner | None = None
     try:
         # with dropout only the last row: the others keep their masks (a prefix of the draw)
         removed = [n - 1] if case.dropout else list(range(n))
@@ -260,9 +310,13 @@ def check_case(case: Case) -> Outcome:
             return Outcome(case, "step", "VIOLATION", f"noise variance {statistic / noise.size:.4f} x "
                                                       f"(sigma C / B)^2 over {noise.size} weights")
         replicas = 2 if case.path == "distributed" and two_replicas() else 1
-        return Outcome(case, "step", "private", f"removal error {worst:.1e} C, noise ok, {replicas} replica(s)")
+        return Outcome(case, "step", "private", f"removal error {worst:.1e} C, noise ok, {replicas} replica(s)"
+                                                f"{', clean step ' + runner.clean_step if case.later_step else ''}")
     except Exception as err:  # noqa: BLE001 - anything but a ValueError is a finding
-        return _refused_or_violation(case, "step", err)
+        out = _refused_or_violation(case, "step", err)
+        if case.later_step and runner is not None:
+            out.detail = f"(clean step {runner.clean_step}) {out.detail}"
+        return out
 
 
 def check_accounting(case: Case, delta: float = 1e-5) -> Outcome:
@@ -298,7 +352,7 @@ def check_accounting(case: Case, delta: float = 1e-5) -> Outcome:
 
 
 def run(seeds: Any, deadline: float = math.inf, accounting_every: int = 4, path: str | None = None,
-        activation: str | None = None, hostile_loss: bool = False) -> list[Outcome]:
+        activation: str | None = None, hostile_loss: bool = False, later_step: bool = False) -> list[Outcome]:
     """Check the cases of ``seeds`` until ``deadline`` (time.monotonic()); prints a line each.
     With ``activation``, only the cases whose trunk has it."""
     outcomes = []
@@ -308,7 +362,7 @@ def run(seeds: Any, deadline: float = math.inf, accounting_every: int = 4, path:
             if time.monotonic() > deadline:
                 break
             paths = STEP_PATHS if path is None else (path,)
-            case = random_case(seed, paths=paths, hostile_loss=hostile_loss)
+            case = random_case(seed, paths=paths, hostile_loss=hostile_loss, later_step=later_step)
             if activation is not None and case.activation != activation:
                 continue
             results = [check_case(case)]
@@ -331,16 +385,19 @@ def main() -> None:
                     help="only the cases whose trunk has this activation (no second derivative in TensorFlow)")
     ap.add_argument("--hostile-loss", action="store_true",
                     help="half the cases get a loss with one entry per batch on some batches (refused then)")
+    ap.add_argument("--later-step", action="store_true",
+                    help="every checked step runs after a clean step on its trace (probe done, nothing pending)")
     args = ap.parse_args()
     every = 10**9 if args.no_ledger else 4
     began = time.monotonic()
     if args.budget is not None:
         start = int.from_bytes(os.urandom(4), "little")
         outcomes = run(range(start, start + 10**9), deadline=began + 60 * args.budget, path=args.path,
-                       accounting_every=every, activation=args.activation, hostile_loss=args.hostile_loss)
+                       accounting_every=every, activation=args.activation, hostile_loss=args.hostile_loss,
+                       later_step=args.later_step)
     else:
         outcomes = run(range(args.seed, args.seed + args.cases), path=args.path, accounting_every=every,
-                       activation=args.activation, hostile_loss=args.hostile_loss)
+                       activation=args.activation, hostile_loss=args.hostile_loss, later_step=args.later_step)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("private", "refused", "VIOLATION")}
     models = len({o.case.seed for o in outcomes})
     by_path: dict[str, int] = {}

@@ -101,6 +101,23 @@ def test_found_hostile_loss_cases_are_private_or_refused(seed: int) -> None:
     _assert_private_or_refused(_check(fuzz_models.random_case(seed, hostile_loss=True), ledger=False))
 
 
+#: with --hostile-loss --later-step, a user's custom loop in a tf.function whose checked step
+#: runs after a clean step on the same trace (probe done, nothing pending on the host): a
+#: layer that learns a mean from an outlier (custom family, seeds 6 and 18 of that family and
+#: path), refused by the loss check. Both wrote the mean before the refusal's assertion and
+#: kept it on the code before fdp_tf.refusals.guarding (b93a4d5: "a non-trainable weight
+#: changed in a private step that was refused"); every case above runs first steps only
+FOUND_LATER_STEP = [6, 18]
+
+
+@pytest.mark.parametrize("seed", FOUND_LATER_STEP)
+def test_found_later_step_cases_leave_nothing_written(seed: int) -> None:
+    case = fuzz_models.random_case(seed, families=("custom",), paths=("custom_loop",), hostile_loss=True,
+                                   later_step=True)
+    (out,) = _check(case, ledger=False)
+    assert out.status == "refused", f"{case.describe()}: {out.detail}"
+
+
 @pytest.mark.slow  # three XLA compilations (~100 s); conv1d under fit_jit: test_every_family_on_a_path
 @pytest.mark.parametrize("seed", FOUND)
 def test_found_cases_are_private_or_refused(seed: int) -> None:
