@@ -155,3 +155,19 @@ def test_an_epoch_has_the_steps_of_fdps_epoch_convention() -> None:
     dataset = fdp_tf.poisson_batches(x, y, expected_batch_size=10, seed=5)
     assert len(list(_batches(dataset))) == fdp.steps_per_epoch(10, 103) == 11
     assert fdp_tf.poisson_sampling_of(dataset).steps_per_epoch == 11
+
+
+def test_padding_batches_for_replicas_keeps_their_static_shape() -> None:
+    """Found by the privacy fuzzer (seed 4275269902, depthwise on two replicas): the padding
+    to a multiple of the replicas lost every static dimension, and a DepthwiseConv2D, which
+    builds from its input's channels, crashed in fit with a TypeError."""
+    import tensorflow as tf
+
+    from fdp_tf.sampling import pad_to_replicas
+
+    x = np.zeros((5, 4, 4, 2), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, np.zeros(5, "int32"))).batch(3)
+    padded = pad_to_replicas(data, 2)
+    x_spec, y_spec, w_spec = padded.element_spec
+    assert x_spec.shape.as_list() == [None, 4, 4, 2] and y_spec.shape.as_list() == [None]
+    assert [len(b[0]) for b in padded] == [4, 2]
