@@ -324,9 +324,9 @@ class PrivateModel(LedgerFit, keras.Model):
     def _track_loss(self, forward: ForwardPass) -> None:
         losses = forward.per_example_losses
         finite = tf.math.is_finite(losses)  # dropped examples do not make the loss NaN
-        losses = tf.boolean_mask(losses, finite)
-        count = tf.cast(tf.shape(losses)[0], losses.dtype)
-        mean = tf.math.divide_no_nan(tf.reduce_sum(losses), count)
+        # no boolean mask: its data-dependent size crashes XLA's compiler in some runs
+        count = tf.reduce_sum(tf.cast(finite, losses.dtype))
+        mean = tf.math.divide_no_nan(tf.reduce_sum(tf.where(finite, losses, tf.zeros_like(losses))), count)
         if forward.regularization is not None:
             mean = mean + tf.cast(forward.regularization, mean.dtype)
         self.loss_tracker.update_state(mean, sample_weight=count)

@@ -221,8 +221,10 @@ def verified_private_gradient(
     """One private step of ``optimizer`` with every run-time check (module docstring)."""
     checks = step_checks(optimizer)
     guard = StateGuard(model)  # before anything of the step runs
-    # several replicas: the counters too, so that a refusal on one refuses every replica's release
-    start = checks.record.start() if num_replicas() > 1 and not tf.executing_eagerly() else None
+    # the refusal counters before the step: its release is gated on every check the step noted,
+    # wherever it ran (a branch, a loop, a layer's tap) and on every replica; XLA drops the
+    # assertions, and a check whose outcome its caller did not gate would else go unheeded
+    start = None if tf.executing_eagerly() else checks.record.start()
     slots = set(checks.used)
     # eagerly, what an attempt that fails draws is undone: dropout's seed states (not weights),
     # the step's key (nothing drawn from it was released) and the mark of a probe under way
@@ -332,14 +334,16 @@ def _verified(checks: StepChecks, guard: StateGuard, start: tf.Tensor | None, op
 
 
 def _refused_on_no_replica(refusals: list[Check], record: RefusalRecord, start: tf.Tensor) -> Check:
-    """Several replicas (no assertions: an aborted collective fails every later step): each
-    replica's release is zeros where a check refused the step on *any* replica. Gated on its
-    own checks alone, the other replicas' clipped sums went out with their shares of the
-    noise only (std sigma C / B times sqrt((k - 1) / k)), and were applied."""
+    """The release is zeros where any check of the step refused it, on *any* replica: those
+    returned to the caller and every one noted in ``record`` since ``start`` (under XLA an
+    embedding's out-of-range token id, checked in its tap, moved the removal term of an
+    example to 1.012 C). Several replicas have no assertions (an aborted collective fails
+    every later step); gated on its own checks alone, the other replicas' clipped sums went
+    out with their shares of the noise only (std sigma C / B times sqrt((k - 1) / k))."""
     with tf.control_dependencies([op for check in refusals for op in check.ops]):
         here = tf.reduce_all(tf.stack([check.ok for check in refusals] + [record.unchanged_since(start)]))
     context = tf.distribute.get_replica_context()
-    if context is None:  # in cross-replica context: this is the only copy of the step
+    if context is None or num_replicas() == 1:  # this is the only copy of the step
         return Check(here, ())
     refused = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(here), tf.float32))
     return Check(tf.equal(refused, 0.0), ())

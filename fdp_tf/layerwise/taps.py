@@ -40,6 +40,7 @@ from fdp_tf.layerwise.pieces import (
 from fdp_tf.layerwise.recurrent import recurrent_forward, recurrent_gradients
 from fdp_tf.layerwise.support import layerwise_unsupported, tap_kind
 from fdp_tf.randomness import CHECK_STREAM, StepRandomness, step_randomness
+from fdp_tf.refusals import gated, refuse_unless
 
 __all__ = [
     "LayerTaps",
@@ -86,16 +87,18 @@ class _Tap:
 
 def _table_rows(ids: tf.Tensor, rows: int, name: str) -> tf.Tensor:
     """The table rows the layer read: Keras's ``take`` wraps a negative id (-1 is the last
-    row). Ids outside [-rows, rows) are refused: on a GPU the lookup returns zeros for
-    them, and as keys they would land in another example's rows of the norm sum."""
+    row). Ids outside [-rows, rows) refuse the step: on a GPU the lookup returns zeros for
+    them, under XLA it reads a clamped row, and as keys they would land in another
+    example's rows of the norm sum (under XLA, whose assertions are dropped, a removal term
+    of 1.012 C). The refusal is noted, so the step's release is zeros
+    (:func:`fdp_tf.verify.verified_private_gradient`); the rows returned are clamped to the
+    table, so no key leaves its example's range whatever runs the graph."""
     ids = tf.cast(ids, tf.int64)
-    tf.debugging.assert_less(
-        ids, tf.constant(rows, tf.int64),
-        message=f"embedding layer {name!r}: a token id is >= its input_dim {rows}")
-    tf.debugging.assert_greater_equal(
-        ids, tf.constant(-rows, tf.int64),
-        message=f"embedding layer {name!r}: a token id is < -{rows} (its -input_dim)")
-    return tf.where(ids < 0, ids + rows, ids)
+    in_range = tf.logical_and(tf.reduce_all(ids < rows), tf.reduce_all(ids >= -rows))
+    checks = refuse_unless(in_range, f"embedding layer {name!r}: a token id is outside [-{rows}, {rows}) "
+                                     f"(input_dim {rows}); fix the data or the layer's input_dim")
+    (ids,) = gated([ids], checks)
+    return tf.clip_by_value(tf.where(ids < 0, ids + rows, ids), 0, rows - 1)
 
 
 def _patches(kind: str, layer: Any, inputs: tf.Tensor, dtype: Any) -> tf.Tensor:
@@ -226,13 +229,14 @@ class LayerTaps:
         for tap, grad in zip(self.taps, grads):
             # a layer that saw rows other than the b examples (batch folded with another
             # axis) would give wrong norms, and with b = 1 they would broadcast silently
-            tf.debugging.assert_equal(
-                tf.shape(grad)[0], tf.shape(losses)[0],
-                message=f"per_example_method='layerwise': layer {tap.layer.name!r} did not "
-                        "see one row per example (it folds another axis into the batch, "
-                        "e.g. a reshape; with a loss of one entry per row, 'loop' is exact "
-                        "for such a model)",
-            )
+            one_row_each = tf.equal(tf.shape(grad)[0], tf.shape(losses)[0])
+            tf.debugging.Assert(one_row_each, [
+                f"per_example_method='layerwise': layer {tap.layer.name!r} did not "
+                "see one row per example (it folds another axis into the batch, "
+                "e.g. a reshape; with a loss of one entry per row, 'loop' is exact "
+                "for such a model)"])
+            # XLA drops the assertion: the step then takes the loop, as for an unseen use
+            covered = tf.logical_and(covered, one_row_each)
             out.extend(vg for vg in tap.gradients(tf.convert_to_tensor(grad)) if id(vg.variable) in wanted)
         return out, covered
 

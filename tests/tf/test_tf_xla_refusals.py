@@ -144,3 +144,30 @@ def test_a_private_step_through_a_recurrent_loop_under_xla_is_refused_before_any
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert "lstm" in str(info.value)  # names the layer
     assert int(model.optimizer.dp_steps.numpy()) == 0
+
+
+@pytest.mark.parametrize("method", ["layerwise", "auto"])
+def test_a_token_id_outside_the_table_refuses_a_later_xla_step(method: str) -> None:
+    """Found by review: XLA drops the taps' assertions on token ids, and its lookup reads a
+    clamped row; an id of 13 in a table of 10 keyed example 1's norm piece into example
+    2's rows, and on a step after a clean one (no probe) removing example 1 moved the update
+    by 1.012 C. Now the id check is a refusal noted in the step's record, and the release
+    is gated on every check noted (fdp_tf.verify): the step releases zeros and fit raises."""
+    keras.utils.set_random_seed(3)
+    inner = keras.Sequential([keras.Input((3,), dtype="int32"), L.Embedding(10, 4), L.Flatten(), L.Dense(3)])
+    optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=0.1, noise_multiplier=1.0, expected_batch_size=4,
+                                    learning_rate=1.0, per_example_method=method)
+    model = fdp_tf.make_private(inner, optimizer=optimizer, loss=CE, jit_compile=True)
+    sampling = fdp_tf.PoissonSampling(num_examples=40, expected_batch_size=4)
+    x = np.array([[1, 2, 3], [4, 5, 6], [1, 1, 1], [2, 2, 2]], "int32")
+    y = np.array([0, 1, 2, 0], "int32")
+
+    def fit(x: np.ndarray) -> None:
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), epochs=1, verbose=0, sampling=sampling)
+
+    fit(x)  # a clean step: the trace's probe ran
+    before = flat(model.trainable_variables)
+    x[1, 2] = 13
+    with pytest.raises(ValueError, match="token id is outside"):
+        fit(x)
+    np.testing.assert_array_equal(flat(model.trainable_variables), before)
