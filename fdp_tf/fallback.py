@@ -33,7 +33,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import tensorflow as tf
 
-from fdp_tf.introspection import seed_states
+from fdp_tf.introspection import seed_states, writable_weights
 from fdp_tf.refusals import as_value_error
 from fdp_tf.verify import SLOTS, methods, raise_recorded_refusals
 
@@ -113,16 +113,27 @@ def guarded_train_function(function: Callable[[Any], Any], model: Any) -> Callab
       states its passes changed are restored (its own restore did not get to run; so they
       are after a refusal of such a step), the method's
       fallback is engaged and the next batch trained, and the epoch ends when Keras
-      counts it should (the batch the crash consumed is owed at the end of the data).
+      counts it should (the batch the crash consumed is owed at the end of the data);
+    * any later step that stopped with an error inside TensorFlow leaves the weights a step
+      may write (:func:`fdp_tf.introspection.writable_weights`) as they were before it (a
+      copy on the host, taken before every step of a model that has such weights).
     """
     owed = [0]
     last: list[Any] = [None]
+    writable: list[Any] = [None]  # walking the layers takes ~2 ms: once
 
     def train_function(iterator: Any) -> Any:
         # what a crash would leave written: the weights and the dropout seeds the step's passes
-        # wrote before it (its own restore never runs), so the retry is a clean first try
-        state = [*model.base_model.non_trainable_weights, *seed_states(model.base_model)] \
-            if _pending(model.optimizer) else []
+        # wrote before it (its own restore never runs), so the retry is a clean first try. On
+        # a later step, the weights a step may write at all (a user's running statistic): an
+        # abort that is not a refusal (a kernel's error on the data, memory) stops the step
+        # before its restore, and what it wrote would stay in the model
+        if _pending(model.optimizer):
+            state = [*model.base_model.non_trainable_weights, *seed_states(model.base_model)]
+        else:
+            if writable[0] is None:  # the model is built by now (its first step ran)
+                writable[0] = writable_weights(model.base_model)
+            state = [v for v in writable[0] if not v.trainable]
         before = [np.array(v.numpy(), copy=True) for v in state]
         try:
             logs = function(iterator)

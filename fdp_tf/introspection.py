@@ -24,12 +24,19 @@ def iter_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
             continue
         seen.add(id(current))
         yield current
-        for attr in ("layers", "layer", "forward_layer", "backward_layer"):
-            child = getattr(current, attr, None)
-            if isinstance(child, keras.layers.Layer):
-                stack.append(child)
-            elif isinstance(child, (list, tuple)):
-                stack.extend(c for c in child if isinstance(c, keras.layers.Layer))
+        stack.extend(_children(current))
+
+
+def _children(layer: Any) -> list[keras.layers.Layer]:
+    """The public sub-layers of ``layer`` (a model's, a wrapper's)."""
+    out: list[keras.layers.Layer] = []
+    for attr in ("layers", "layer", "forward_layer", "backward_layer"):
+        child = getattr(layer, attr, None)
+        if isinstance(child, keras.layers.Layer):
+            out.append(child)
+        elif isinstance(child, (list, tuple)):
+            out.extend(c for c in child if isinstance(c, keras.layers.Layer))
+    return out
 
 
 def looped_rnn_layers(model: keras.layers.Layer) -> list[keras.layers.Layer]:
@@ -72,3 +79,43 @@ def seed_rewind(model: Any) -> Callable[[], None]:
             state.assign(value)
 
     return rewind
+
+
+
+#: Keras's own layers whose ``call`` never writes a weight (by exact type: a subclass may).
+#: ``BatchNormalization`` is refused before any step (:mod:`fdp_tf.guards`).
+_WRITE_FREE = tuple(getattr(keras.layers, name) for name in (
+    "Dense", "EinsumDense", "Embedding", "Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose",
+    "Conv3DTranspose", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D",
+    "LayerNormalization", "GroupNormalization", "UnitNormalization", "MultiHeadAttention", "LSTM", "GRU",
+    "SimpleRNN", "LSTMCell", "GRUCell", "SimpleRNNCell", "PReLU", "Bidirectional", "TimeDistributed",
+    "InputLayer", "Dropout", "Flatten", "Reshape", "Activation",
+) if hasattr(keras.layers, name))
+
+
+def writable_weights(model: Any) -> list[Any]:
+    """The weights of ``model`` a training step's passes may write (those not trainable are
+    what a step must leave as it found them): every one but those of Keras's own layers
+    that never write one (a frozen ``Dense`` kernel, a frozen backbone's) and of its
+    ``Sequential`` and functional models (which own none). A user's layer may write (a
+    running statistic); so may a layer of a type not listed here. What a step that aborts
+    outside its checks leaves written there is put back by
+    :func:`fdp_tf.fallback.guarded_train_function`."""
+    if model is None:
+        return []
+    write_free = {id(w) for layer in iter_layers(model) if _write_free(layer) for w in _own_weights(layer)}
+    return [w for w in model.weights if id(w) not in write_free]
+
+
+def _write_free(layer: Any) -> bool:
+    if type(layer) in _WRITE_FREE:
+        return True
+    # Keras's own model classes (Sequential, Functional): their weights are their layers'
+    return isinstance(layer, keras.Model) and type(layer).__module__.startswith("keras.src.models.")
+
+
+def _own_weights(layer: Any) -> list[Any]:
+    """``layer``'s weights less those of the sub-layers :func:`iter_layers` walks into (a
+    wrapper's are its inner layer's, judged there)."""
+    inner = {id(w) for child in _children(layer) for w in child.weights}
+    return [w for w in layer.weights if id(w) not in inner]

@@ -323,7 +323,7 @@ def _verified(checks: StepChecks, guard: StateGuard, start: tf.Tensor | None, op
                 + refuse_unless(verdict.independent, MIXED)
                 + refuse_unless(verdict.method_ok, _method_message(kind, primary, fallback)))
     if start is not None:
-        refusals.append(_refused_on_no_replica(refusals, checks.record, start))
+        refusals.append(_refused_anywhere(refusals, checks.record, start))
     grads = gated(result.gradients, refusals)
     finished = checks.finish(slot, grads)
     if finished is not None and not tf.executing_eagerly():
@@ -333,7 +333,7 @@ def _verified(checks: StepChecks, guard: StateGuard, start: tf.Tensor | None, op
                            result.fallbacks)
 
 
-def _refused_on_no_replica(refusals: list[Check], record: RefusalRecord, start: tf.Tensor) -> Check:
+def _refused_anywhere(refusals: list[Check], record: RefusalRecord, start: tf.Tensor) -> Check:
     """The release is zeros where any check of the step refused it, on *any* replica: those
     returned to the caller and every one noted in ``record`` since ``start`` (under XLA an
     embedding's out-of-range token id, checked in its tap, moved the removal term of an

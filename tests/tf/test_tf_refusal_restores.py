@@ -25,7 +25,7 @@ import tensorflow as tf
 import fdp_tf
 from fdp_tf.guards import StateGuard
 from fdp_tf.refusals import guarding, refuse_unless
-from tf_helpers import CE
+from tf_helpers import CE, OutlierMean
 
 L = keras.layers
 ROWS = 8
@@ -180,3 +180,80 @@ def test_a_refusal_on_one_replica_refuses_every_replicas_release() -> None:
     assert "updated non-trainable weights" in result["raised"]
     assert result["moved"] == 0.0, "a replica's noised sum was applied after another replica refused"
     assert result["seen"] == [0.0, 0.0]
+
+
+class _ToIds(keras.layers.Layer):
+    """Casts its input to token ids (an id beyond the table makes the lookup fail on CPU)."""
+
+    def call(self, x):
+        return keras.ops.cast(x, "int32")
+
+
+def _writer_then_lookup() -> fdp_tf.PrivateModel:
+    keras.utils.set_random_seed(0)
+    inner = keras.Sequential([keras.Input((3,)), OutlierMean(), _ToIds(), keras.layers.Embedding(10, 2),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+    # the loop: no layer tap, whose token-id refusal could raise before the lookup fails
+    optimizer = fdp_tf.DPSGDVanilla(l2_norm_clip=0.1, noise_multiplier=1.0, expected_batch_size=4,
+                                    learning_rate=0.1, per_example_method="loop")
+    return fdp_tf.make_private(inner, optimizer=optimizer, loss=CE)
+
+
+@pytest.mark.parametrize("path", ["fit", "train_on_batch"])
+def test_a_later_step_that_aborts_outside_its_checks_leaves_nothing_written(path: str) -> None:
+    """Found by review: an error that is not a refusal (here the embedding lookup of an id
+    beyond its table, after a user's layer stored the batch mean) stopped a later step
+    before its restore, and only a first step was copied on the host: the mean stayed in the
+    model. Now the weights a step may write are copied before every step and put back."""
+    model = _writer_then_lookup()
+    sampling = fdp_tf.PoissonSampling(num_examples=40, expected_batch_size=4)
+    clean = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9], [0, 1, 2]], "float32")
+    y = np.array([0, 1, 2, 0], "int32")
+
+    def step(x: np.ndarray) -> None:
+        if path == "fit":
+            model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), epochs=1, verbose=0, sampling=sampling)
+        else:
+            model.open_segment(sampling)
+            model.train_on_batch(x, y)
+
+    step(clean)
+    step(clean)  # a later step: the probe is done, nothing pending
+    (mean,) = [v for v in model.non_trainable_weights if "outlier_mean" in v.path]
+    assert np.all(mean.numpy() == 0.0)
+    outlier = clean.copy()
+    outlier[1, 0] = 57.0  # > 10: the layer stores the mean; an id >= 10: the lookup fails
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        step(outlier)
+    np.testing.assert_array_equal(mean.numpy(), 0.0)
+
+
+def test_the_weights_a_step_may_write_are_a_users_layers_not_kerass_frozen_ones() -> None:
+    """The host copies these before every later step: a user's running statistic, a
+    model's own weight; never a frozen Keras layer's (a backbone would be copied per step)."""
+    from fdp_tf.introspection import writable_weights
+
+    L_ = keras.layers
+    seq = keras.Sequential([keras.Input((5,)), OutlierMean(), L_.Dense(4), L_.Dense(3)])
+    seq.layers[1].trainable = False
+    assert [w.path for w in writable_weights(seq)] == [seq.layers[0].weights[0].path]
+    tokens = keras.Input((5,), dtype="int32")
+    recurrent = keras.Model(tokens, L_.Dense(3)(L_.Bidirectional(L_.LSTM(4))(L_.Embedding(12, 4)(tokens))))
+    recurrent.trainable = False
+    assert len(recurrent.non_trainable_weights) == 9 and writable_weights(recurrent) == []
+    wrapped = keras.Sequential([keras.Input((2, 5)), L_.TimeDistributed(OutlierMean())])
+    assert len(writable_weights(wrapped)) == 1  # a wrapper's inner layer is judged by its own type
+
+    class Own(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.head = L_.Dense(3)
+            self.offset = self.add_weight(shape=(3,), trainable=False)
+
+        def call(self, x):
+            return self.head(x) + self.offset
+
+    own = Own()
+    own(np.zeros((1, 5), "float32"))
+    own.head.trainable = False
+    assert [id(w) for w in writable_weights(own)] == [id(own.offset)]
