@@ -81,7 +81,6 @@ def seed_rewind(model: Any) -> Callable[[], None]:
     return rewind
 
 
-
 #: Keras's own layers whose ``call`` never writes a weight (by exact type: a subclass may).
 #: ``BatchNormalization`` is refused before any step (:mod:`fdp_tf.guards`).
 _WRITE_FREE = tuple(getattr(keras.layers, name) for name in (
